@@ -1,0 +1,44 @@
+"""Masked squared-ReLU FFN, forward and backward: pure-torch reference.
+
+Notation (shared/DESIGN.md section 4): X [T, d], Z = X W1^T + b1 [T, h], R = relu(Z),
+H = R^2, A = activation mask of H, R~ = R * A, H~ = R~^2, Y = H~ W2^T + b2 [T, d_out].
+Weights arrive already masked (W~); the activation mask is chosen here.
+
+Backward, with the masks held constant:
+  dH~ = dY W2 (B1); dZ = dH~ * 2 R~ (zero where A or relu drops); dW2 = dY^T H~ (B2);
+  dX = dZ W1 (B3); dW1 = dZ^T X (B4); db1 = sum_T dZ; db2 = sum_T dY.
+Only R~ is saved between the two (H~ = R~^2 and 2 R~ both come from it).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from sparse_compile.kernels.activation_mask import vnm_mask
+
+
+def sqrelu_ffn_forward_ref(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    pattern: tuple[int, int, int] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H)."""
+    r = torch.relu(F.linear(x, w1, b1))
+    h = r * r
+    if pattern is not None:
+        keep = vnm_mask(h, *pattern)
+        r = r * keep
+        h = h * keep
+    return F.linear(h, w2, b2), r
+
+
+def sqrelu_ffn_backward_ref(
+    dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above."""
+    h = r_masked * r_masked
+    dh = dy @ w2
+    dz = (dh.float() * (2.0 * r_masked.float())).to(dy.dtype)  # d/dz relu(z)^2 = 2 relu(z)
+    return dz @ w1, dz.t() @ x, dz.sum(0), dy.t() @ h, dy.sum(0)

@@ -1,0 +1,107 @@
+"""FX passes of sparse_compile: find squared-ReLU FFN chains, check legality, rewrite.
+
+``sparsify_ffns(gm, config)`` is the runner: it rewrites ``gm`` in place and returns a
+SiteRecord for every site and near-miss (the rows of the report). See README.md here for
+the invariants every pass keeps.
+"""
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch._dynamo.utils import counters
+from torch.fx import Node
+
+from sparse_compile.config import SparsityConfig
+from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
+from sparse_compile.passes.legality import example_value, illegal_reason, token_note
+from sparse_compile.passes.rewrite_ffn import rewrite_site
+
+__all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "sparsify_ffns"]
+
+
+@dataclass
+class SiteRecord:
+    """One row of the report: an FFN site (sparse or dense) or a near-miss."""
+
+    module: str
+    source: str
+    input_shape: str
+    hidden: str
+    dtype: str
+    device: str
+    sparse: bool
+    reason: str
+
+
+def _clean_path(path: str) -> str:
+    path = re.sub(r"^L\['[^']*'\]", "", path)
+    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\['([^']*)'\]", r".\1", path)
+    return path.strip(".")
+
+
+def _module_path(node: Node) -> list[str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return []
+    path, _ = list(stack.values())[-1]
+    cleaned = _clean_path(str(path))
+    return cleaned.split(".") if cleaned else []
+
+
+def module_of(first: Node, second: Node | None) -> str:
+    """The innermost module holding both linears, e.g. 'blocks.0.mlp' ('<root>' for the model itself)."""
+    a = _module_path(first)
+    if second is not None:
+        b = _module_path(second)
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        a = a[:n]
+    return ".".join(a) or "<root>"
+
+
+def source_of(node: Node) -> str:
+    """'file.py:LINE' of the user code that made ``node`` (last frame of its stack trace)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    if not frames:
+        return "?"
+    file, line = frames[-1]
+    return f"{file.rsplit('/', 1)[-1]}:{line}"
+
+
+def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> SiteRecord:
+    x_node, w1_node, _ = linear_args(first)
+    x, w1 = example_value(x_node), example_value(w1_node)
+    return SiteRecord(
+        module=module_of(first, second),
+        source=source_of(second if second is not None else first),
+        input_shape="?" if x is None else str(tuple(x.shape)),
+        hidden="?" if w1 is None or w1.dim() != 2 else str(w1.shape[0]),
+        dtype="?" if x is None else str(x.dtype).removeprefix("torch."),
+        device="?" if x is None else x.device.type,
+        sparse=sparse,
+        reason=reason,
+    )
+
+
+def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[SiteRecord]:
+    """Rewrite every legal squared-ReLU FFN of ``gm`` (in place); a record per site and near-miss."""
+    matches, misses = find_ffn_sites(gm.graph)
+    records: list[SiteRecord] = []
+    sparse_weights: dict[Node, Node] = {}
+    for match in matches:
+        reason = illegal_reason(match, config)
+        records.append(_describe(match.first, match.second, reason is None, reason or token_note(match, config)))
+        if reason is None:
+            rewrite_site(match, config, sparse_weights)
+    records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
+    n_sparse = sum(r.sparse for r in records)
+    if n_sparse:
+        gm.graph.lint()
+        gm.recompile()
+    counters["sparse_compile"]["sites_sparse"] += n_sparse
+    counters["sparse_compile"]["sites_dense"] += len(records) - n_sparse
+    return records

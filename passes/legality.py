@@ -1,0 +1,79 @@
+"""Whether a matched FFN site can run sparse (the math), independent of how fast.
+
+Returns the reason a site stays dense, or None. Dims are checked with guard_or_false, so
+under dynamic shapes an unknown divisibility keeps the site dense instead of guessing.
+The token count is not checked here: the op decides per call (see ``token_note``).
+"""
+
+import math
+
+import torch
+from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
+
+from sparse_compile.config import SparsityConfig
+from sparse_compile.op import DEVICES, FLOAT_DTYPES
+from sparse_compile.passes.find_ffn import FFNMatch
+
+
+def example_value(node: Node | None) -> torch.Tensor | None:
+    if node is None:
+        return None
+    value = node.meta.get("example_value")
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
+    """Why ``match`` must stay dense under ``config``, or None if it can run sparse."""
+    vals = {name: example_value(getattr(match, name)) for name in ("x", "w1", "w2", "first", "second")}
+    missing = [name for name, v in vals.items() if v is None]
+    if missing:
+        return f"no example value (meta['example_value']) on {', '.join(missing)}"
+    for name in ("b1", "b2"):
+        node = getattr(match, name)
+        if node is not None and example_value(node) is None:
+            return f"{name} is not a tensor"
+    x, w1, w2 = vals["x"], vals["w1"], vals["w2"]
+    dtypes = {_dtype_name(v.dtype) for v in vals.values()}
+    if len(dtypes) != 1:
+        return (
+            f"mixed dtypes along the chain ({', '.join(sorted(dtypes))}; autocast?): the op computes in one dtype; "
+            "cast the model instead of using autocast"
+        )
+    if x.dtype not in FLOAT_DTYPES:
+        return f"dtype {_dtype_name(x.dtype)} is not one of {', '.join(_dtype_name(d) for d in FLOAT_DTYPES)}"
+    if x.device.type not in DEVICES:
+        return f"device {x.device.type} has no sparse kernels (supported: {', '.join(DEVICES)})"
+    if w1.dim() != 2 or w2.dim() != 2:
+        return f"weights are not 2-D: w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}"
+    d_out, h = w2.shape
+    _, d = w1.shape
+    if config.min_hidden and not guard_or_false(h >= config.min_hidden):
+        return f"hidden size {h} < min_hidden={config.min_hidden}"
+    if config.weights is not None:
+        bad = {k: v for k, v in (("d", d), ("hidden", h), ("d_out", d_out)) if not guard_or_false(v % 4 == 0)}
+        if bad:
+            return f"2:4 weights need d, hidden and d_out multiples of 4; got {bad}"
+    pattern = config.activation_pattern
+    if pattern is not None and not guard_or_false(h % pattern[2] == 0):
+        return f"activations {config.activations} need hidden % M == 0; got hidden={h}, M={pattern[2]}"
+    return None
+
+
+def token_note(match: FFNMatch, config: SparsityConfig) -> str:
+    """What happens to calls whose token count T is not a multiple of V (empty if nothing to say)."""
+    pattern = config.activation_pattern
+    x = example_value(match.x)
+    if pattern is None or pattern[0] == 1 or x is None:
+        return ""
+    tokens = math.prod(x.shape[:-1])
+    v = pattern[0]
+    if statically_known_true(tokens % v == 0):
+        return ""
+    if statically_known_true(tokens % v != 0):
+        return f"T={tokens} is not a multiple of V={v}: activations run dense at this shape (weights stay sparse)"
+    return f"dynamic T={tokens}: calls with T % {v} != 0 run activations dense and warn"

@@ -1,0 +1,139 @@
+"""SparsityConfig: what the sparse phase computes, parsed from ``torch.compile(options=...)``."""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+WEIGHT_PATTERNS = ("2:4",)
+WEIGHT_GRAD_MODES = ("dense",)
+KERNEL_CHOICES = ("auto", "reference")
+_VNM_RULE = "'2:4' or 'V:N:M' with V >= 1, N in {1, 2, 4}, M a multiple of 4 and >= 4, not N=4 with M=4"
+
+
+def parse_activation_pattern(value: str) -> tuple[int, int, int]:
+    """'2:4' -> (1, 2, 4); 'V:N:M' -> (V, N, M). Raises ValueError naming the value and the rule."""
+    err = ValueError(f"SparsityConfig.activations={value!r}: expected None, {_VNM_RULE}")
+    if not isinstance(value, str):
+        raise err
+    parts = value.strip().split(":")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise err from None
+    if len(nums) == 2:
+        nums = [1, *nums]
+    if len(nums) != 3:
+        raise err
+    v, n, m = nums
+    if v < 1 or n not in (1, 2, 4) or m < 4 or m % 4 or (n == 4 and m == 4):
+        raise err
+    return v, n, m
+
+
+@dataclass(frozen=True)
+class SparsityConfig:
+    """What is sparse in the sparse phase (shared/DESIGN.md section 4).
+
+    weights: None or "2:4" (transposable 2:4 magnitude mask of W1 and W2, straight-through grads).
+    activations: None, "2:4" (along the hidden dim) or "V:N:M" (e.g. "64:2:8").
+    weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact.
+    kernels: "auto" (fastest correct kernel for the device) or "reference" (pure torch).
+    min_hidden: FFNs with a smaller hidden size stay dense.
+    masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
+    """
+
+    weights: str | None = None
+    activations: str | None = None
+    weight_grad: str = "dense"
+    kernels: str = "auto"
+    min_hidden: int = 0
+    masked_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.weights is not None and self.weights not in WEIGHT_PATTERNS:
+            raise ValueError(f"SparsityConfig.weights={self.weights!r}: expected None or '2:4'")
+        if self.activations is not None:
+            parse_activation_pattern(self.activations)
+        if self.weight_grad not in WEIGHT_GRAD_MODES:
+            raise ValueError(f"SparsityConfig.weight_grad={self.weight_grad!r}: expected one of {WEIGHT_GRAD_MODES}")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
+        if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
+            raise ValueError(f"SparsityConfig.min_hidden={self.min_hidden!r}: expected an int >= 0")
+        if isinstance(self.masked_decay, bool) or not isinstance(self.masked_decay, (int, float)):
+            raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
+        if not self.masked_decay >= 0.0:
+            raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
+        if self.masked_decay and self.weights is None:
+            raise ValueError(
+                f"SparsityConfig.masked_decay={self.masked_decay!r} needs weights='2:4' (it decays the pruned weights)"
+            )
+        if self.weights is None and self.activations is None:
+            raise ValueError("SparsityConfig: weights=None and activations=None leave nothing sparse; set one")
+
+    @property
+    def activation_pattern(self) -> tuple[int, int, int] | None:
+        """(V, N, M) of the activation pattern, or None."""
+        return None if self.activations is None else parse_activation_pattern(self.activations)
+
+    @classmethod
+    def preset(cls, name: str) -> "SparsityConfig":
+        """A paper's recipe: 'activation24' (Haziza), 'weight24' (Hu), 'venom' (Madhyastha)."""
+        if name not in PRESETS:
+            raise ValueError(f"SparsityConfig preset={name!r}: expected one of {sorted(PRESETS)}")
+        return PRESETS[name]
+
+    def op_spec(self) -> str:
+        """The string the custom op receives: 'weights=..;activations=..;kernels=..'."""
+        return f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels}"
+
+
+PRESETS: dict[str, SparsityConfig] = {
+    "activation24": SparsityConfig(activations="2:4"),
+    "weight24": SparsityConfig(weights="2:4"),
+    "venom": SparsityConfig(weights="2:4", activations="64:2:8"),
+}
+
+_CONFIG_KEYS = {f.name for f in dataclasses.fields(SparsityConfig)}
+_BACKEND_KEYS = {"preset", "dump_dir", "mode", "inductor"}
+DUMP_DIR_ENV = "SPARSE_COMPILE_DUMP_DIR"
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Everything ``torch.compile(backend='sparse', options=...)`` may say."""
+
+    config: SparsityConfig
+    dump_dir: str | None = None
+    mode: str | None = None
+    inductor: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None, mode: str | None = None) -> "BackendOptions":
+        """Parse compile options. With no 'preset', 'weights' or 'activations' key, the venom preset."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - _CONFIG_KEYS - _BACKEND_KEYS)
+        if unknown:
+            raise ValueError(
+                f"sparse backend: unknown option(s) {unknown}; allowed: {sorted(_CONFIG_KEYS | _BACKEND_KEYS)}"
+            )
+        fields = {k: options[k] for k in _CONFIG_KEYS if k in options}
+        if "preset" in options:
+            config = dataclasses.replace(SparsityConfig.preset(options["preset"]), **fields)
+        elif "weights" in fields or "activations" in fields:
+            config = SparsityConfig(**fields)
+        else:
+            config = dataclasses.replace(PRESETS["venom"], **fields)
+        inductor = options.get("inductor", {})
+        if not isinstance(inductor, Mapping):
+            raise ValueError(f"sparse backend: option 'inductor'={inductor!r}: expected a dict of Inductor config")
+        if "mode" in options and mode is not None:
+            raise ValueError("sparse backend: give mode either to torch.compile or in options, not both")
+        return cls(
+            config=config,
+            dump_dir=options.get("dump_dir") or os.environ.get(DUMP_DIR_ENV) or None,
+            mode=options.get("mode", mode),
+            inductor=dict(inductor),
+        )

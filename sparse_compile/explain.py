@@ -1,0 +1,47 @@
+"""``explain(model, *inputs)``: the report of every FFN site, without compiling with Inductor."""
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from sparse_compile.backend import rewrite
+from sparse_compile.config import BackendOptions, SparsityConfig
+from sparse_compile.report import Report
+
+
+def _as_config(config: SparsityConfig | Mapping[str, Any] | str | None) -> SparsityConfig:
+    if isinstance(config, SparsityConfig):
+        return config
+    if isinstance(config, str):
+        return SparsityConfig.preset(config)
+    if config is None or isinstance(config, Mapping):
+        return BackendOptions.parse(config).config
+    raise TypeError(f"explain: config={config!r}: expected a SparsityConfig, an options dict, a preset name or None")
+
+
+def explain(
+    model: torch.nn.Module,
+    *example_inputs: Any,
+    config: SparsityConfig | Mapping[str, Any] | str | None = None,
+    dynamic: bool | None = None,
+    **example_kwargs: Any,
+) -> Report:
+    """Trace ``model(*example_inputs, **example_kwargs)`` with Dynamo and report every FFN site.
+
+    ``config``: a SparsityConfig, the options dict given to torch.compile, a preset name, or None
+    (the venom preset). The model runs once, eagerly, under torch.no_grad(); nothing is compiled
+    with Inductor. Each row says what runs sparse (pattern per GEMM, kernel) or why a site stays dense.
+    """
+    cfg = _as_config(config)
+    report = Report(cfg)
+
+    def capture(gm: torch.fx.GraphModule, _inputs: list[Any]):
+        _, records = rewrite(gm, cfg)
+        report.add(len({s.graph for s in report.sites}), records)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=capture, dynamic=dynamic)
+    with torch.no_grad():
+        compiled(*example_inputs, **example_kwargs)
+    return report

@@ -1,0 +1,179 @@
+"""The fused ops the FFN pass rewrites into, and their device dispatch.
+
+sparse_compile::sparsify_weight(w, pattern, decay) -> w~
+    w~ = w * M(w), M the transposable 2:4 mask. Backward: straight-through,
+    grad(w) = grad(w~) + decay * (w - w~)  (masked decay; w - w~ = (1 - M) * w).
+sparse_compile::sqrelu_ffn(x, w1, b1, w2, b2, spec) -> (y, r_masked)
+    x [..., d] -> y [..., d_out] with the activation pattern of ``spec`` (kernels/ffn_reference.py);
+    r_masked [T, h] = relu(Z) * A is what backward needs (not differentiable).
+sparse_compile::sqrelu_ffn_backward(dy, x, w1, w2, r_masked) -> (dx, dw1, db1, dw2, db2)
+"""
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from sparse_compile.config import parse_activation_pattern
+from sparse_compile.kernels import (
+    sqrelu_ffn_backward_ref,
+    sqrelu_ffn_forward_ref,
+    transposable_24_mask,
+)
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    weights: str | None
+    activations: tuple[int, int, int] | None
+    kernels: str
+
+
+@functools.cache
+def parse_spec(spec: str) -> OpSpec:
+    """'weights=2:4;activations=64:2:8;kernels=auto' -> OpSpec (see SparsityConfig.op_spec)."""
+    fields = dict(item.split("=", 1) for item in spec.split(";"))
+    act = fields["activations"]
+    weights = fields["weights"]
+    return OpSpec(
+        weights=None if weights == "none" else weights,
+        activations=None if act == "none" else parse_activation_pattern(act),
+        kernels=fields["kernels"],
+    )
+
+
+def kernel_name(device_type: str, kernels: str) -> str:
+    """Which implementation computes a site on ``device_type`` under ``kernels``."""
+    if device_type not in DEVICES:
+        raise ValueError(f"sparse_compile: no kernels for device {device_type!r}; supported: {DEVICES}")
+    return "reference" if device_type == "cpu" else "reference (cuda)"
+
+
+def _check_inputs(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
+    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"sqrelu_ffn: {name}.dtype={t.dtype}; expected one of {FLOAT_DTYPES}")
+    if not (x.dtype == w1.dtype == w2.dtype):
+        raise ValueError(f"sqrelu_ffn: dtypes differ: x {x.dtype}, w1 {w1.dtype}, w2 {w2.dtype}")
+    if w1.dim() != 2 or w2.dim() != 2 or x.shape[-1] != w1.shape[1] or w2.shape[1] != w1.shape[0]:
+        raise ValueError(
+            f"sqrelu_ffn: shapes do not chain: x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}"
+        )
+    kernel_name(x.device.type, "auto")
+
+
+@functools.cache
+def _warn_dense_fallback(tokens: int, v: int) -> None:
+    warnings.warn(
+        f"sparse_compile: a call with T={tokens} tokens (not a multiple of V={v}) ran its FFN activations dense; "
+        f"weights stay sparse. Use a batch*sequence that is a multiple of {v} to keep activations sparse.",
+        stacklevel=3,
+    )
+
+
+def _activation_pattern_for(spec: OpSpec, tokens: int) -> tuple[int, int, int] | None:
+    pattern = spec.activations
+    if pattern is not None and tokens % pattern[0]:
+        _warn_dense_fallback(tokens, pattern[0])
+        return None
+    return pattern
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("sparse_compile::sparsify_weight", mutates_args=())
+def sparsify_weight(w: torch.Tensor, pattern: str, decay: float) -> torch.Tensor:
+    if pattern != "2:4":
+        raise ValueError(f"sparsify_weight: pattern={pattern!r}; expected '2:4'")
+    return w * transposable_24_mask(w)
+
+
+@sparsify_weight.register_fake
+def _(w: torch.Tensor, pattern: str, decay: float) -> torch.Tensor:
+    return torch.empty_like(w)
+
+
+def _sparsify_weight_setup(ctx, inputs, output) -> None:
+    w, _, decay = inputs
+    ctx.decay = decay
+    if decay:
+        ctx.save_for_backward(w, output)
+
+
+def _sparsify_weight_backward(ctx, grad):
+    if not ctx.decay:
+        return grad, None, None
+    w, w_masked = ctx.saved_tensors
+    return grad + ctx.decay * (w - w_masked), None, None
+
+
+sparsify_weight.register_autograd(_sparsify_weight_backward, setup_context=_sparsify_weight_setup)
+
+
+# --- the FFN -----------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn", mutates_args=())
+def sqrelu_ffn(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    spec: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_inputs(x, w1, w2)
+    x2 = x.reshape(-1, x.shape[-1])
+    pattern = _activation_pattern_for(parse_spec(spec), x2.shape[0])
+    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern)
+    return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
+
+
+@sqrelu_ffn.register_fake
+def _(x, w1, b1, w2, b2, spec):
+    tokens = math.prod(x.shape[:-1])
+    return x.new_empty((*x.shape[:-1], w2.shape[0])), x.new_empty((tokens, w1.shape[0]))
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn_backward", mutates_args=())
+def sqrelu_ffn_backward(
+    dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(dy2, x.reshape(-1, x.shape[-1]), w1, w2, r_masked)
+    return dx.reshape(x.shape), dw1, db1, dw2, db2
+
+
+@sqrelu_ffn_backward.register_fake
+def _(dy, x, w1, w2, r_masked):
+    return (
+        torch.empty_like(x),
+        torch.empty_like(w1),
+        w1.new_empty(w1.shape[0]),
+        torch.empty_like(w2),
+        w2.new_empty(w2.shape[0]),
+    )
+
+
+def _sqrelu_ffn_setup(ctx, inputs, output) -> None:
+    x, w1, b1, w2, b2, _ = inputs
+    _, r_masked = output
+    ctx.mark_non_differentiable(r_masked)
+    ctx.save_for_backward(x, w1, w2, r_masked)
+    ctx.has_bias = (b1 is not None, b2 is not None)
+
+
+def _sqrelu_ffn_backward(ctx, dy, _):
+    x, w1, w2, r_masked = ctx.saved_tensors
+    dx, dw1, db1, dw2, db2 = torch.ops.sparse_compile.sqrelu_ffn_backward(dy.contiguous(), x, w1, w2, r_masked)
+    has_b1, has_b2 = ctx.has_bias
+    return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
+
+
+sqrelu_ffn.register_autograd(_sqrelu_ffn_backward, setup_context=_sqrelu_ffn_setup)

@@ -1,0 +1,80 @@
+"""The training phase the compiled graphs run: 'sparse' or 'dense'.
+
+The backend compiles both variants of every graph that has an FFN site and reads this
+flag on every call, outside anything Dynamo traces: flipping it never recompiles.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+PHASES = ("sparse", "dense")
+_current = "sparse"
+
+
+def phase() -> str:
+    """The phase compiled models run now: 'sparse' or 'dense'."""
+    return _current
+
+
+def set_phase(name: str) -> None:
+    """Switch every model compiled with backend='sparse' to ``name`` ('sparse' or 'dense')."""
+    global _current
+    if name not in PHASES:
+        raise ValueError(f"set_phase({name!r}): expected one of {PHASES}")
+    _current = name
+
+
+@contextlib.contextmanager
+def dense_phase() -> Iterator[None]:
+    """Run the plain dense graphs inside the block; restore the previous phase after it."""
+    previous = _current
+    set_phase("dense")
+    try:
+        yield
+    finally:
+        set_phase(previous)
+
+
+@dataclass(frozen=True)
+class PhaseSchedule:
+    """Step-based phases: dense for steps < dense_warmup_steps, sparse until dense_from_step, dense after.
+
+    ``schedule.step(i)`` sets and returns the phase of step i; call it once per training step.
+    """
+
+    dense_warmup_steps: int = 0
+    dense_from_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dense_warmup_steps, int) or self.dense_warmup_steps < 0:
+            raise ValueError(f"PhaseSchedule.dense_warmup_steps={self.dense_warmup_steps!r}: expected an int >= 0")
+        end = self.dense_from_step
+        if end is not None and (not isinstance(end, int) or end < self.dense_warmup_steps):
+            raise ValueError(
+                f"PhaseSchedule.dense_from_step={end!r}: expected None or an int >= dense_warmup_steps "
+                f"({self.dense_warmup_steps})"
+            )
+
+    @classmethod
+    def from_fractions(cls, total_steps: int, warmup: float, final_dense: float) -> "PhaseSchedule":
+        """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``."""
+        for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")
+        if warmup + final_dense > 1.0:
+            raise ValueError(f"PhaseSchedule.from_fractions: warmup + final_dense = {warmup + final_dense} > 1")
+        start = round(total_steps * warmup)
+        return cls(start, max(start, total_steps - round(total_steps * final_dense)))
+
+    def phase_at(self, step: int) -> str:
+        if step < self.dense_warmup_steps:
+            return "dense"
+        if self.dense_from_step is not None and step >= self.dense_from_step:
+            return "dense"
+        return "sparse"
+
+    def step(self, step: int) -> str:
+        name = self.phase_at(step)
+        set_phase(name)
+        return name

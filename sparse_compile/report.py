@@ -1,0 +1,101 @@
+"""The report of every FFN site a compile found: what runs sparse, with which pattern and kernel, or why not."""
+
+from dataclasses import dataclass, field
+
+from tabulate import tabulate
+
+from sparse_compile.config import SparsityConfig
+from sparse_compile.op import kernel_name
+from sparse_compile.passes import SiteRecord
+
+GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
+
+
+def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
+    """Sparse operand(s) of each GEMM (F1 = X W1^T, F2 = H~ W2^T, B1 = dY W2, B2 = dY^T H~, B3 = dZ W1, B4 = dZ^T X)."""
+    w = f"W{config.weights}" if config.weights else ""
+    a = f"A{config.activations}" if config.activations else ""
+
+    def both(*parts: str) -> str:
+        return "+".join(p for p in parts if p) or "dense"
+
+    return {
+        "F1": both(w),
+        "F2": both(a, w),
+        "B1": both(w, "kept dH" if a else ""),
+        "B2": both(a),
+        "B3": both(a, w),
+        "B4": both(a),
+    }
+
+
+@dataclass
+class SiteReport:
+    graph: int
+    record: SiteRecord
+    patterns: dict[str, str]
+    kernel: str
+
+
+@dataclass
+class Report:
+    """Every FFN site and near-miss of one or more compiled graphs. ``str(report)`` is a table."""
+
+    config: SparsityConfig
+    sites: list[SiteReport] = field(default_factory=list)
+
+    @classmethod
+    def from_records(cls, config: SparsityConfig, graph: int, records: list[SiteRecord]) -> "Report":
+        report = cls(config)
+        report.add(graph, records)
+        return report
+
+    def add(self, graph: int, records: list[SiteRecord]) -> None:
+        patterns = gemm_patterns(self.config)
+        for r in records:
+            if r.sparse:
+                self.sites.append(SiteReport(graph, r, patterns, kernel_name(r.device, self.config.kernels)))
+            else:
+                self.sites.append(SiteReport(graph, r, dict.fromkeys(GEMMS, "dense"), "dense (Inductor)"))
+
+    def extend(self, other: "Report") -> None:
+        self.sites.extend(other.sites)
+
+    @property
+    def sparse_sites(self) -> list[SiteReport]:
+        return [s for s in self.sites if s.record.sparse]
+
+    @property
+    def dense_sites(self) -> list[SiteReport]:
+        return [s for s in self.sites if not s.record.sparse]
+
+    def __len__(self) -> int:
+        return len(self.sites)
+
+    def table(self) -> str:
+        headers = ["graph", "module", "source", "input", "hidden", "dtype", "status", *GEMMS, "kernel", "note"]
+        rows = [
+            [
+                s.graph,
+                s.record.module,
+                s.record.source,
+                s.record.input_shape,
+                s.record.hidden,
+                s.record.dtype,
+                "sparse" if s.record.sparse else "dense",
+                *(s.patterns[g] for g in GEMMS),
+                s.kernel,
+                s.record.reason,
+            ]
+            for s in self.sites
+        ]
+        return tabulate(rows, headers=headers, tablefmt="simple")
+
+    def __str__(self) -> str:
+        c = self.config
+        head = (
+            f"sparse_compile report: {len(self.sparse_sites)} sparse FFN site(s), {len(self.dense_sites)} dense "
+            f"(config: weights={c.weights}, activations={c.activations}, weight_grad={c.weight_grad}, "
+            f"kernels={c.kernels})"
+        )
+        return head if not self.sites else f"{head}\n{self.table()}"
