@@ -5,6 +5,7 @@ SiteRecord for every site and near-miss (the rows of the report). See README.md 
 the invariants every pass keeps.
 """
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -92,11 +93,16 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[Site
     matches, misses = find_ffn_sites(gm.graph)
     records: list[SiteRecord] = []
     sparse_weights: dict[Node, Node] = {}
+    replaced: dict[Node, Node] = {}  # second linear of a rewritten site -> its new output node
     for match in matches:
+        # A site's input may be an earlier site's output, which that rewrite replaced.
+        match = dataclasses.replace(
+            match, **{k: replaced.get(getattr(match, k), getattr(match, k)) for k in ("x", "w1", "b1", "w2", "b2")}
+        )
         reason = illegal_reason(match, config)
         records.append(_describe(match.first, match.second, reason is None, reason or token_note(match, config)))
         if reason is None:
-            rewrite_site(match, config, sparse_weights)
+            replaced[match.second] = rewrite_site(match, config, sparse_weights)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
     n_sparse = sum(r.sparse for r in records)
     if n_sparse:

@@ -70,8 +70,9 @@ def _check_inputs(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
 @functools.cache
 def _warn_dense_fallback(tokens: int, v: int) -> None:
     warnings.warn(
-        f"sparse_compile: a call with T={tokens} tokens (not a multiple of V={v}) ran its FFN activations dense; "
-        f"weights stay sparse. Use a batch*sequence that is a multiple of {v} to keep activations sparse.",
+        f"sparse_compile: a call with T={tokens} tokens (not a multiple of V={v}) ran its FFN activations dense "
+        f"(2:4 weights, if configured, stay sparse). Use a batch*sequence that is a multiple of {v} to keep "
+        "activations sparse.",
         stacklevel=3,
     )
 

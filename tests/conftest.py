@@ -1,0 +1,14 @@
+import pytest
+import torch
+
+import sparse_compile
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    """Each test starts in the sparse phase with empty Dynamo caches and counters."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    sparse_compile.set_phase("sparse")
+    yield
+    sparse_compile.set_phase("sparse")

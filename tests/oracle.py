@@ -1,0 +1,40 @@
+"""Independent reference for the sparse FFN: masked dense math + autograd, masks held constant.
+
+Shares only the mask functions with the op (their correctness is tested on its own in
+test_reference_kernels.py); forward and all gradients come from plain autograd.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from sparse_compile import SparsityConfig
+from sparse_compile.kernels import transposable_24_mask, vnm_mask
+
+
+def oracle_ffn(x, w1, b1, w2, b2, config: SparsityConfig):
+    """y and gradients (dict name -> grad) of sum(y * gy) for a random gy, straight-through weights."""
+    leaves = {}
+
+    def leaf(name, t, masked=False):
+        if t is None:
+            return None
+        if masked and config.weights:
+            t = t * transposable_24_mask(t)
+        leaves[name] = t.detach().clone().requires_grad_(True)
+        return leaves[name]
+
+    xl, w1l, b1l, w2l, b2l = (
+        leaf("x", x),
+        leaf("w1", w1, True),
+        leaf("b1", b1),
+        leaf("w2", w2, True),
+        leaf("b2", b2),
+    )
+    h = torch.relu(F.linear(xl, w1l, b1l)) ** 2
+    pattern = config.activation_pattern
+    if pattern is not None:
+        h2 = h.reshape(-1, h.shape[-1])
+        if h2.shape[0] % pattern[0] == 0:
+            h = h * vnm_mask(h2.detach(), *pattern).reshape(h.shape)
+    y = F.linear(h, w2l, b2l)
+    return y, leaves

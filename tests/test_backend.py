@@ -1,0 +1,216 @@
+"""The compiled model: sparse numerics vs the oracle, dense phase bit-identical, no recompiles."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import sparse_compile
+from sparse_compile import SparsityConfig, compile_reports, dense_phase
+from sparse_compile.kernels import transposable_24_mask, vnm_mask
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, h)
+        self.proj = nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.proj(torch.relu(self.fc(x)).square())
+
+
+class Stack(nn.Module):
+    """Two residual relu² FFNs: the op's inputs are bit-identical in eager and compiled runs."""
+
+    def __init__(self, d: int = 32, h: int = 128) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.Sequential(Block(d, h), Block(d, h))
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> torch.Tensor:
+    """Eager masked math; straight-through weights as w + (w*M - w).detach(); masks held constant."""
+
+    def ste(w):
+        return w + (w * transposable_24_mask(w) - w).detach() if config.weights else w
+
+    for b in model.blocks:
+        h = torch.relu(F.linear(x, ste(b.fc.weight), b.fc.bias)) ** 2
+        pattern = config.activation_pattern
+        h2 = h.reshape(-1, h.shape[-1])
+        if pattern is not None and h2.shape[0] % pattern[0] == 0:
+            h = h * vnm_mask(h2.detach(), *pattern).reshape(h.shape)
+        x = x + F.linear(h, ste(b.proj.weight), b.proj.bias)
+    return x
+
+
+def grads(model):
+    return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+CONFIGS = {
+    "weights": {"weights": "2:4"},
+    "act24": {"activations": "2:4"},
+    "act64:2:8": {"activations": "64:2:8"},
+    "act32:4:16": {"activations": "32:4:16"},
+    "venom": {"preset": "venom"},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sparse_phase_matches_oracle(name):
+    options = CONFIGS[name]
+    config = sparse_compile.config.BackendOptions.parse(options).config
+    model = Stack()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 64, 32)
+    gy = torch.randn(2, 64, 32)
+    compiled = torch.compile(model, backend="sparse", options=options)
+    y = compiled(x)
+    (y * gy).sum().backward()
+    y_ref = oracle_forward(ref, x, config)
+    (y_ref * gy).sum().backward()
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    g, g_ref = grads(model), grads(ref)
+    for k in g:
+        torch.testing.assert_close(g[k], g_ref[k], rtol=1e-5, atol=1e-5, msg=f"grad {k}")
+    assert len(compile_reports()[-1].sparse_sites) == 2
+    # The dense answer differs: the sparse phase really computed something else.
+    assert not torch.allclose(y, Stack()(x), rtol=1e-3, atol=1e-3)
+
+
+def test_dense_phase_is_bit_identical_to_default_compile_and_flips_never_recompile():
+    model = Stack()
+    baseline = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="sparse")
+    default = torch.compile(baseline)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_base = torch.optim.SGD(baseline.parameters(), lr=0.1)
+    x = torch.randn(2, 64, 32)
+    compiled(x).square().mean().backward()  # compile once (sparse + dense variants)
+    model.zero_grad()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    outs = []
+    for step in range(10):
+        x = torch.randn(2, 64, 32)
+        if step % 2 == 0:
+            with dense_phase():
+                y = compiled(x)
+                y.square().mean().backward()
+            y_base = default(x)
+            y_base.square().mean().backward()
+            assert torch.equal(y, y_base), f"step {step}: dense output differs from default torch.compile"
+            for (k, p), q in zip(model.named_parameters(), baseline.parameters(), strict=True):
+                assert torch.equal(p.grad, q.grad), f"step {step}: grad {k} differs"
+            opt_base.step()
+            opt_base.zero_grad()
+        else:
+            y = compiled(x)
+            y.square().mean().backward()
+            # keep the baseline's weights equal: apply the same update to both
+            for p, q in zip(model.parameters(), baseline.parameters(), strict=True):
+                q.grad = p.grad.clone()
+            opt_base.step()
+            opt_base.zero_grad()
+        outs.append(y.detach())
+        opt.step()
+        opt.zero_grad()
+    # The only new Dynamo graph is the default-backend baseline's; the sparse model never recompiled.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1
+    assert sum(torch._dynamo.utils.counters["recompiles"].values()) == 0
+
+
+def test_dynamic_batch_and_dense_fallback_for_odd_token_counts():
+    model = Stack()
+    ref = copy.deepcopy(model)
+    config = SparsityConfig(activations="64:2:8")
+    compiled = torch.compile(model, backend="sparse", options={"activations": "64:2:8"}, dynamic=True)
+    sparse_compile.op._warn_dense_fallback.cache_clear()
+    for batch in (2, 4, 3):
+        x = torch.randn(batch, 32, 32)
+        if batch == 3:
+            with pytest.warns(UserWarning, match="T=96 tokens.*V=64"):
+                y = compiled(x)
+        else:
+            y = compiled(x)
+        torch.testing.assert_close(y, oracle_forward(ref, x, config), rtol=1e-5, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    report = compile_reports()[-1]
+    assert all("calls with T % 64 != 0 run activations dense" in s.record.reason for s in report.sparse_sites)
+
+
+def test_graph_without_ffn_compiles_once_plainly():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    x = torch.randn(4, 8)
+    y = torch.compile(model, backend="sparse")(x)
+    torch.testing.assert_close(y, model(x))
+    report = compile_reports()[-1]
+    assert len(report) == 0
+    assert torch._dynamo.utils.counters["sparse_compile"]["sites_sparse"] == 0
+
+
+def test_dump_dir_writes_graphs_and_report(tmp_path):
+    model = Stack()
+    torch.compile(model, backend="sparse", options={"dump_dir": str(tmp_path)})(torch.randn(64, 32))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    gid = names[0].split("_")[1]
+    assert names == [f"graph_{gid}_after.py", f"graph_{gid}_before.py", f"graph_{gid}_report.txt"]
+    after = (tmp_path / f"graph_{gid}_after.py").read_text()
+    before = (tmp_path / f"graph_{gid}_before.py").read_text()
+    assert after.count("torch.ops.sparse_compile.sqrelu_ffn.default(") == 2 and "sqrelu_ffn" not in before
+    assert "2 sparse FFN site(s)" in (tmp_path / f"graph_{gid}_report.txt").read_text()
+
+
+def test_trace_structured_emits_the_graphs(tmp_path):
+    code = (
+        "import torch, torch.nn as nn\n"
+        "m = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 32))\n"
+        "class S(nn.Module):\n"
+        "    def __init__(s): super().__init__(); s.a = nn.Linear(32, 128); s.b = nn.Linear(128, 32)\n"
+        "    def forward(s, x): return s.b(torch.relu(s.a(x)) ** 2)\n"
+        "torch.compile(S(), backend='sparse')(torch.randn(64, 32))\n"
+    )
+    env = dict(os.environ, TORCH_TRACE=str(tmp_path))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+    records = [
+        json.loads(line[line.index("] ") + 2 :])
+        for f in tmp_path.iterdir()
+        for line in f.read_text().splitlines()
+        if '"artifact"' in line and "sparse_compile_" in line
+    ]
+    names = {rec["artifact"]["name"] for rec in records}
+    assert {"sparse_compile_before_py", "sparse_compile_after_py", "sparse_compile_report_txt"} <= names
+
+
+def test_entry_point_in_a_fresh_process():
+    code = (
+        "import sys, torch, torch.nn as nn\n"
+        "class S(nn.Module):\n"
+        "    def __init__(s): super().__init__(); s.a = nn.Linear(32, 128); s.b = nn.Linear(128, 32)\n"
+        "    def forward(s, x): return s.b(torch.relu(s.a(x)) ** 2)\n"
+        "y = torch.compile(S(), backend='sparse')(torch.randn(64, 32))\n"
+        "assert 'sparse_compile' in sys.modules\n"
+        "print(torch._dynamo.utils.counters['sparse_compile']['sites_sparse'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "1"
+
+
+def test_mode_and_inductor_options_are_honored():
+    model = Stack()
+    x = torch.randn(64, 32)
+    y = torch.compile(model, backend="sparse", mode="max-autotune-no-cudagraphs")(x)
+    y2 = torch.compile(copy.deepcopy(model), backend="sparse", options={"inductor": {"max_autotune": False}})(x)
+    torch.testing.assert_close(y, y2)
+    with pytest.raises(Exception, match="unknown option"):
+        torch.compile(model, backend="sparse", options={"bogus": 1})(x)

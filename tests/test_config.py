@@ -1,0 +1,64 @@
+import pytest
+
+from sparse_compile import PRESETS, SparsityConfig
+from sparse_compile.config import BackendOptions, parse_activation_pattern
+
+
+@pytest.mark.parametrize(
+    "text, expected", [("2:4", (1, 2, 4)), ("64:2:8", (64, 2, 8)), ("128:4:16", (128, 4, 16)), ("1:1:4", (1, 1, 4))]
+)
+def test_parse_activation_pattern(text, expected):
+    assert parse_activation_pattern(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "2", "2:3", "0:2:8", "64:3:8", "64:2:6", "64:2:2", "64:4:4", "a:b:c", "1:2:4:8"])
+def test_bad_activation_pattern_names_field_and_value(bad):
+    with pytest.raises(ValueError, match=r"SparsityConfig.activations=.*expected"):
+        SparsityConfig(activations=bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"weights": "4:8"}, "weights"),
+        ({"weights": "2:4", "weight_grad": "sparse"}, "weight_grad"),
+        ({"weights": "2:4", "kernels": "cuda"}, "kernels"),
+        ({"weights": "2:4", "min_hidden": -1}, "min_hidden"),
+        ({"weights": "2:4", "masked_decay": -0.1}, "masked_decay"),
+        ({"activations": "2:4", "masked_decay": 1e-4}, "masked_decay"),
+        ({}, "nothing sparse"),
+    ],
+)
+def test_bad_fields(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SparsityConfig(**kwargs)
+
+
+def test_presets():
+    assert PRESETS["venom"] == SparsityConfig(weights="2:4", activations="64:2:8")
+    assert SparsityConfig.preset("activation24").activation_pattern == (1, 2, 4)
+    assert SparsityConfig.preset("weight24").activations is None
+    with pytest.raises(ValueError, match="preset='nope'"):
+        SparsityConfig.preset("nope")
+
+
+def test_options_parsing():
+    assert BackendOptions.parse(None).config == PRESETS["venom"]
+    assert BackendOptions.parse({"dump_dir": "/tmp/x"}).config == PRESETS["venom"]
+    only_act = BackendOptions.parse({"activations": "128:2:8"}).config
+    assert only_act.weights is None and only_act.activation_pattern == (128, 2, 8)
+    over = BackendOptions.parse({"preset": "venom", "activations": "2:4"}).config
+    assert over.weights == "2:4" and over.activations == "2:4"
+    assert BackendOptions.parse({"mode": "max-autotune-no-cudagraphs"}).mode == "max-autotune-no-cudagraphs"
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['activation'\]"):
+        BackendOptions.parse({"activation": "2:4"})
+    with pytest.raises(ValueError, match="inductor"):
+        BackendOptions.parse({"inductor": 3})
+    with pytest.raises(ValueError, match="not both"):
+        BackendOptions.parse({"mode": "default"}, mode="max-autotune")
+
+
+def test_dump_dir_from_env(monkeypatch):
+    monkeypatch.setenv("SPARSE_COMPILE_DUMP_DIR", "/tmp/dumps")
+    assert BackendOptions.parse({}).dump_dir == "/tmp/dumps"
+    assert BackendOptions.parse({"dump_dir": "/tmp/other"}).dump_dir == "/tmp/other"

@@ -1,0 +1,97 @@
+"""Match coverage of the FFN pass: every spelling matches, look-alikes don't, counts are exact."""
+
+import pytest
+import torch
+
+from bench.model import GPT, GPTConfig
+from sparse_compile import SparsityConfig, explain
+from sparse_compile.passes import find_ffn_sites, sparsify_ffns
+
+from . import ffn_zoo
+
+
+def dynamo_graphs(model, *inputs) -> list[torch.fx.GraphModule]:
+    graphs = []
+
+    def capture(gm, _):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(model, backend=capture)(*inputs)
+    return graphs
+
+
+@pytest.mark.parametrize("module", ffn_zoo.MATCHING, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("rank", [2, 3, 4])
+def test_every_spelling_matches(module, rank):
+    x = torch.randn(*[2] * (rank - 2), 64, ffn_zoo.D)
+    (gm,) = dynamo_graphs(module(), x)
+    matches, misses = find_ffn_sites(gm.graph)
+    assert (len(matches), len(misses)) == (1, 0)
+
+
+@pytest.mark.parametrize("module, reason", ffn_zoo.NOT_MATCHING, ids=lambda m: getattr(m, "__name__", ""))
+def test_look_alikes_do_not_match_and_say_why(module, reason):
+    model = module()
+    x = torch.randn(64, ffn_zoo.D)
+    (gm,) = dynamo_graphs(model, x)
+    matches, misses = find_ffn_sites(gm.graph)
+    assert matches == []
+    assert len(misses) == 1 and reason in misses[0].reason
+    report = explain(model, x)
+    assert len(report.sparse_sites) == 0
+    assert [reason in s.record.reason for s in report.dense_sites] == [True]
+
+
+def test_multi_ffn_model_rewrites_two_sites_in_place():
+    x = torch.randn(64, ffn_zoo.D)
+    (gm,) = dynamo_graphs(ffn_zoo.MultiFFN(), x)
+    records = sparsify_ffns(gm, SparsityConfig.preset("venom"))
+    assert [(r.module, r.sparse) for r in records] == [("a", True), ("b", True), ("c", False)]
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count("sparse_compile.sqrelu_ffn.default") == 2
+    assert targets.count("sparse_compile.sparsify_weight.default") == 4
+    for node in gm.graph.nodes:
+        if "sparse_compile" in str(node.target):
+            assert "example_value" in node.meta and node.meta.get("stack_trace")
+
+
+def test_nanogpt_gets_every_block():
+    model = GPT(GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=32))
+    idx = torch.randint(0, 256, (2, 64))
+    report = explain(model, idx)
+    assert [s.record.module for s in report.sparse_sites] == [f"blocks.{i}.mlp" for i in range(4)]
+    assert report.dense_sites == []
+    text = str(report)
+    assert "4 sparse FFN site(s), 0 dense" in text and "blocks.3.mlp" in text and "model.py" in text
+
+
+def test_shapes_the_kernels_cannot_take_stay_dense_with_reason():
+    class Odd(ffn_zoo._Two):
+        def __init__(self) -> None:
+            super().__init__(d=30, h=120, d_out=30)
+
+        def forward(self, x):
+            return self.proj(torch.relu(self.fc(x)) ** 2)
+
+    x = torch.randn(64, 30)
+    weights = explain(Odd(), x, config={"weights": "2:4"})
+    assert "multiples of 4" in weights.dense_sites[0].record.reason
+    acts = explain(Odd(), x, config={"activations": "64:2:16"})
+    assert "hidden % M == 0" in acts.dense_sites[0].record.reason
+    ok = explain(Odd(), x, config={"activations": "64:2:8"})
+    assert len(ok.sparse_sites) == 1
+    small = explain(Odd(), x, config={"activations": "2:4", "min_hidden": 256})
+    assert "min_hidden=256" in small.dense_sites[0].record.reason
+
+
+def test_float64_model_stays_dense_with_reason():
+    model = ffn_zoo.TorchReluSquare().double()
+    report = explain(model, torch.randn(64, ffn_zoo.D, dtype=torch.float64))
+    assert "dtype float64 is not one of" in report.dense_sites[0].record.reason
+
+
+def test_model_without_ffn_reports_zero_sites():
+    report = explain(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.randn(4, 8))
+    assert len(report) == 0
+    assert str(report).startswith("sparse_compile report: 0 sparse FFN site(s), 0 dense")

@@ -1,0 +1,52 @@
+import pytest
+
+import sparse_compile
+from sparse_compile import PhaseSchedule, dense_phase, phase, set_phase
+
+
+def test_dense_phase_restores_previous():
+    assert phase() == "sparse"
+    with dense_phase():
+        assert phase() == "dense"
+        with dense_phase():
+            assert phase() == "dense"
+        assert phase() == "dense"
+    assert phase() == "sparse"
+    set_phase("dense")
+    with dense_phase():
+        pass
+    assert phase() == "dense"
+
+
+def test_dense_phase_restores_on_error():
+    with pytest.raises(RuntimeError), dense_phase():
+        raise RuntimeError
+    assert phase() == "sparse"
+
+
+def test_set_phase_rejects_unknown():
+    with pytest.raises(ValueError, match=r"set_phase\('Dense'\)"):
+        set_phase("Dense")
+
+
+def test_schedule_switches_at_the_right_steps():
+    s = PhaseSchedule(dense_warmup_steps=3, dense_from_step=7)
+    phases = [s.step(i) for i in range(10)]
+    assert phases == ["dense"] * 3 + ["sparse"] * 4 + ["dense"] * 3
+    assert sparse_compile.phase() == "dense"
+    assert [PhaseSchedule().phase_at(i) for i in range(3)] == ["sparse"] * 3
+
+
+def test_schedule_from_fractions():
+    s = PhaseSchedule.from_fractions(100, warmup=0.1, final_dense=0.25)
+    assert (s.dense_warmup_steps, s.dense_from_step) == (10, 75)
+    with pytest.raises(ValueError, match="warmup"):
+        PhaseSchedule.from_fractions(100, warmup=1.5, final_dense=0.0)
+    with pytest.raises(ValueError, match="> 1"):
+        PhaseSchedule.from_fractions(100, warmup=0.6, final_dense=0.6)
+
+
+@pytest.mark.parametrize("kwargs", [{"dense_warmup_steps": -1}, {"dense_warmup_steps": 5, "dense_from_step": 3}])
+def test_schedule_rejects_bad_steps(kwargs):
+    with pytest.raises(ValueError, match="PhaseSchedule"):
+        PhaseSchedule(**kwargs)
