@@ -15,7 +15,7 @@ from torch.fx import Node
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
-from sparse_compile.passes.legality import example_value, illegal_reason, token_note
+from sparse_compile.passes.legality import example_value, illegal_reason, site_note
 from sparse_compile.passes.rewrite_ffn import rewrite_site
 
 __all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "sparsify_ffns"]
@@ -100,7 +100,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[Site
             match, **{k: replaced.get(getattr(match, k), getattr(match, k)) for k in ("x", "w1", "b1", "w2", "b2")}
         )
         reason = illegal_reason(match, config)
-        records.append(_describe(match.first, match.second, reason is None, reason or token_note(match, config)))
+        records.append(_describe(match.first, match.second, reason is None, reason or site_note(match, config)))
         if reason is None:
             replaced[match.second] = rewrite_site(match, config, sparse_weights)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)

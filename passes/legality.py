@@ -27,9 +27,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def compute_dtype(match: FFNMatch) -> torch.dtype:
+    """The dtype the chain computes in: the linears' output dtype (bf16 under bf16 autocast)."""
+    return example_value(match.first).dtype
+
+
 def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     """Why ``match`` must stay dense under ``config``, or None if it can run sparse."""
-    vals = {name: example_value(getattr(match, name)) for name in ("x", "w1", "w2", "first", "second")}
+    names = ("x", "w1", "w2", "first", "relu", "square", "second")
+    vals = {name: example_value(getattr(match, name)) for name in names}
     missing = [name for name, v in vals.items() if v is None]
     if missing:
         return f"no example value (meta['example_value']) on {', '.join(missing)}"
@@ -38,14 +44,15 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
         if node is not None and example_value(node) is None:
             return f"{name} is not a tensor"
     x, w1, w2 = vals["x"], vals["w1"], vals["w2"]
-    dtypes = {_dtype_name(v.dtype) for v in vals.values()}
-    if len(dtypes) != 1:
-        return (
-            f"mixed dtypes along the chain ({', '.join(sorted(dtypes))}; autocast?): the op computes in one dtype; "
-            "cast the model instead of using autocast"
-        )
-    if x.dtype not in FLOAT_DTYPES:
-        return f"dtype {_dtype_name(x.dtype)} is not one of {', '.join(_dtype_name(d) for d in FLOAT_DTYPES)}"
+    dtype = compute_dtype(match)
+    chain = {_dtype_name(example_value(n).dtype) for n in (match.first, match.relu, match.square, match.second)}
+    if len(chain) != 1:
+        return f"the chain changes dtype ({', '.join(sorted(chain))}): the op computes in one dtype"
+    if dtype not in FLOAT_DTYPES:
+        return f"dtype {_dtype_name(dtype)} is not one of {', '.join(_dtype_name(d) for d in FLOAT_DTYPES)}"
+    inputs = [v for v in (x, w1, w2, example_value(match.b1), example_value(match.b2)) if v is not None]
+    if any(not v.dtype.is_floating_point for v in inputs):
+        return f"non-float inputs ({', '.join(sorted({_dtype_name(v.dtype) for v in inputs}))})"
     if x.device.type not in DEVICES:
         return f"device {x.device.type} has no sparse kernels (supported: {', '.join(DEVICES)})"
     if w1.dim() != 2 or w2.dim() != 2:
@@ -64,16 +71,21 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     return None
 
 
-def token_note(match: FFNMatch, config: SparsityConfig) -> str:
-    """What happens to calls whose token count T is not a multiple of V (empty if nothing to say)."""
+def site_note(match: FFNMatch, config: SparsityConfig) -> str:
+    """Autocast casts, and what happens to calls whose token count T is not a multiple of V ("" if none)."""
     pattern = config.activation_pattern
     x = example_value(match.x)
+    cast = ""
+    if x is not None and x.dtype != compute_dtype(match):
+        cast = f"inputs cast to {_dtype_name(compute_dtype(match))} as autocast does"
     if pattern is None or pattern[0] == 1 or x is None:
-        return ""
+        return cast
     tokens = math.prod(x.shape[:-1])
     v = pattern[0]
     if statically_known_true(tokens % v == 0):
-        return ""
-    if statically_known_true(tokens % v != 0):
-        return f"T={tokens} is not a multiple of V={v}: activations run dense at this shape (weights stay sparse)"
-    return f"dynamic T={tokens}: calls with T % {v} != 0 run activations dense and warn"
+        note = ""
+    elif statically_known_true(tokens % v != 0):
+        note = f"T={tokens} is not a multiple of V={v}: activations run dense at this shape (weights stay sparse)"
+    else:
+        note = f"dynamic T={tokens}: calls with T % {v} != 0 run activations dense and warn"
+    return "; ".join(n for n in (cast, note) if n)

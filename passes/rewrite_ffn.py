@@ -13,7 +13,7 @@ from torch.fx import Node
 import sparse_compile.op  # noqa: F401  (registers torch.ops.sparse_compile)
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes.find_ffn import FFNMatch
-from sparse_compile.passes.legality import example_value
+from sparse_compile.passes.legality import compute_dtype, example_value
 
 _COPIED_META = ("stack_trace", "nn_module_stack")
 
@@ -34,18 +34,26 @@ def rewrite_site(match: FFNMatch, config: SparsityConfig, sparse_weights: dict[N
     graph = match.second.graph
     # The example values' own fake mode: at backend time TracingContext holds another one.
     fake_mode = example_value(match.x).fake_mode
+    dtype = compute_dtype(match)
+
+    def cast(node: Node | None) -> Node | None:
+        # Under autocast the linears cast x, W and b to the compute dtype; the op gets the same casts.
+        if node is None or example_value(node).dtype == dtype:
+            return node
+        return _add(graph, torch.Tensor.to, (node, dtype), match.first, fake_mode)
+
     with graph.inserting_before(match.second):
         weights = []
         for w in (match.w1, match.w2):
             if config.weights is not None:
-                if w not in sparse_weights:
+                if w not in sparse_weights:  # the mask comes from the master weight, before any cast
                     op = torch.ops.sparse_compile.sparsify_weight.default
                     sparse_weights[w] = _add(
                         graph, op, (w, config.weights, float(config.masked_decay)), match.first, fake_mode
                     )
                 w = sparse_weights[w]
-            weights.append(w)
-        args = (match.x, weights[0], match.b1, weights[1], match.b2, config.op_spec())
+            weights.append(cast(w))
+        args = (cast(match.x), weights[0], cast(match.b1), weights[1], cast(match.b2), config.op_spec())
         ffn = _add(graph, torch.ops.sparse_compile.sqrelu_ffn.default, args, match.second, fake_mode)
         out = _add(graph, operator.getitem, (ffn, 0), match.second, fake_mode)
     match.second.replace_all_uses_with(out)

@@ -214,3 +214,26 @@ def test_mode_and_inductor_options_are_honored():
     torch.testing.assert_close(y, y2)
     with pytest.raises(Exception, match="unknown option"):
         torch.compile(model, backend="sparse", options={"bogus": 1})(x)
+
+
+def test_autocast_sites_stay_sparse_with_autocast_casts():
+    model = Stack()
+    ref = copy.deepcopy(model)
+    baseline = copy.deepcopy(model)
+    config = SparsityConfig(weights="2:4", activations="64:2:8")
+    x = torch.randn(2, 64, 32)
+    compiled = torch.compile(model, backend="sparse")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = compiled(x)
+        y_ref = oracle_forward(ref, x, config)
+        with dense_phase():
+            y_dense = compiled(x)
+        y_default = torch.compile(baseline)(x)
+    report = compile_reports()[-1]
+    assert len(report.sparse_sites) == 2
+    assert "inputs cast to bfloat16 as autocast does" in report.sparse_sites[0].record.reason
+    assert y.dtype == y_ref.dtype == torch.float32  # the residual add promotes, as in eager
+    torch.testing.assert_close(y, y_ref, rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert torch.equal(y_dense, y_default)
