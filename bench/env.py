@@ -1,0 +1,52 @@
+"""Where a number came from: device, versions, git revision, command. Printed with every result."""
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment(device: torch.device, program: str, argv: list[str] | None = None) -> dict[str, str]:
+    """Device, versions, git revision and the command line (``program`` + argv, default sys.argv[1:])."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    cusparselt = "none"
+    if device.type == "cuda":
+        try:
+            cusparselt = str(torch.backends.cusparselt.version())
+        except (AttributeError, RuntimeError):
+            cusparselt = "unavailable"
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cusparselt": cusparselt,
+        "git": git_revision(),
+        "command": " ".join([program, *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]),
+    }

@@ -1,0 +1,380 @@
+"""python -m bench.train: train the same GPT dense and sparse, same seed and data order; compare.
+
+Dense: torch.compile(model). Sparse: torch.compile(model, backend="sparse") with a dense warm-up,
+a sparse phase and a dense recovery phase (PhaseSchedule). Writes log.csv (every logged point),
+loss.png (both loss curves, phase boundaries) and summary.txt (the comparison table) to --out.
+"""
+
+import argparse
+import contextlib
+import csv
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+import sparse_compile
+from bench.data import Batches, Corpus
+from bench.env import environment
+from bench.model import GPT, SIZES
+from sparse_compile.config import BackendOptions
+from sparse_compile.kernels import transposable_24_mask, vnm_mask
+
+SEGMENTS = ("warmup", "sparse", "final")
+CSV_FIELDS = [
+    "run",
+    "step",
+    "segment",
+    "phase",
+    "lr",
+    "loss",
+    "val_loss",
+    "tokens_per_s",
+    "h_zero_frac",
+    "h_kept_frac",
+    "weight_flip_rate",
+]
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a fraction in [0, 1]")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an int > 0")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.train", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda'")
+    p.add_argument("--size", choices=sorted(SIZES), help="model size (default: tiny on CPU, 125m on CUDA)")
+    p.add_argument("--steps", type=_positive, help="training steps per run (default: 150 CPU, 2000 CUDA)")
+    p.add_argument("--batch-size", type=_positive, help="sequences per step (default: 8 CPU, 16 CUDA)")
+    p.add_argument("--seq-len", type=_positive, help="tokens (bytes) per sequence (default: the model's block size)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 2e-3 CPU, 1e-3 CUDA)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
+    p.add_argument("--warmup-frac", type=_fraction, default=0.1, help="dense warm-up: first fraction of steps")
+    p.add_argument("--final-dense-frac", type=_fraction, default=0.2, help="dense recovery: last fraction of steps")
+    p.add_argument(
+        "--sparsity",
+        default="venom",
+        help="preset name (venom, activation24, weight24) or JSON options for backend='sparse'",
+    )
+    p.add_argument("--runs", default="dense,sparse", help="which runs, comma-separated: dense, sparse")
+    p.add_argument("--log-every", type=_positive, help="steps between logged points (default: steps/15)")
+    p.add_argument("--eval-every", type=_positive, help="steps between validation losses (default: steps/5)")
+    p.add_argument("--eval-iters", type=_positive, default=8, help="validation batches per evaluation")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order")
+    p.add_argument("--out", default="runs/train", help="folder for log.csv, loss.png and summary.txt")
+    p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device not in ("cpu", "cuda"):
+        p.error(f"--device {args.device!r}: expected auto, cpu or cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    gpu = args.device == "cuda"
+    args.size = args.size or ("125m" if gpu else "tiny")
+    args.steps = args.steps or (2000 if gpu else 150)
+    args.batch_size = args.batch_size or (16 if gpu else 8)
+    args.seq_len = args.seq_len or SIZES[args.size].block_size
+    args.lr = args.lr or (1e-3 if gpu else 2e-3)
+    args.log_every = args.log_every or max(1, args.steps // 15)
+    args.eval_every = args.eval_every or max(1, args.steps // 5)
+    if args.seq_len > SIZES[args.size].block_size:
+        p.error(f"--seq-len {args.seq_len} > block size {SIZES[args.size].block_size} of --size {args.size}")
+    if args.warmup_frac + args.final_dense_frac > 1.0:
+        p.error(f"--warmup-frac + --final-dense-frac = {args.warmup_frac + args.final_dense_frac} > 1")
+    if not args.lr > 0:
+        p.error(f"--lr {args.lr}: expected > 0")
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if not runs or any(r not in ("dense", "sparse") for r in runs):
+        p.error(f"--runs {args.runs!r}: expected a comma-separated subset of dense,sparse")
+    args.runs = runs
+    try:
+        options = json.loads(args.sparsity) if args.sparsity.lstrip().startswith("{") else {"preset": args.sparsity}
+        args.config = BackendOptions.parse(options).config
+    except (json.JSONDecodeError, ValueError) as e:
+        p.error(f"--sparsity {args.sparsity!r}: {e}")
+    args.options = options
+    return args
+
+
+@dataclass
+class RunResult:
+    name: str
+    rows: list[dict] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0.0))
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
+    final_val_loss: float = math.nan
+    peak_memory_gib: float = math.nan
+
+    def tokens_per_s(self, segments: tuple[str, ...] = SEGMENTS) -> float:
+        secs = sum(self.seconds[s] for s in segments)
+        return sum(self.tokens[s] for s in segments) / secs if secs else math.nan
+
+
+class Health:
+    """Sparsity health of the FFNs on one batch, with an eager probe of the uncompiled model.
+
+    h_zero_frac: fraction of exact zeros in H = relu(Z)^2; h_kept_frac: fraction of sum |H| that
+    the activation pattern keeps; weight_flip_rate: fraction of 2:4 weight-mask entries changed
+    since the previous probe.
+    """
+
+    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None, weights: bool) -> None:
+        self.model = model
+        self.pattern = pattern
+        self.weights = weights
+        self.previous: list[torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def probe(self, x: torch.Tensor, autocast) -> dict[str, float]:
+        hs: list[torch.Tensor] = []
+        hooks = [
+            b.mlp.register_forward_hook(lambda m, inp, out: hs.append(torch.relu(m.c_fc(inp[0])).square()))
+            for b in self.model.blocks
+        ]
+        try:
+            with autocast():
+                self.model(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        zeros = sum((h == 0).sum().item() for h in hs) / sum(h.numel() for h in hs)
+        kept = math.nan
+        if self.pattern is not None:
+            flat = [h.reshape(-1, h.shape[-1]).float() for h in hs]
+            if all(f.shape[0] % self.pattern[0] == 0 for f in flat):
+                kept = sum((f * vnm_mask(f, *self.pattern)).sum().item() for f in flat) / sum(
+                    f.sum().item() for f in flat
+                )
+        flips = math.nan
+        masks = [transposable_24_mask(w) for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+        if self.previous is not None:
+            flips = sum((a != b).sum().item() for a, b in zip(masks, self.previous, strict=True)) / sum(
+                m.numel() for m in masks
+            )
+        self.previous = masks
+        return {"h_zero_frac": zeros, "h_kept_frac": kept, "weight_flip_rate": flips}
+
+
+def _lr(step: int, args: argparse.Namespace) -> float:
+    warm = max(1, args.steps // 20)
+    if step < warm:
+        return args.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, args.steps - warm)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=args.device == "cuda")
+
+
+def train_one(
+    name: str, args: argparse.Namespace, corpus: Corpus, schedule: sparse_compile.PhaseSchedule, val_batches: list
+) -> RunResult:
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    model = GPT(SIZES[args.size]).to(device)
+    if name == "dense":
+        compiled = torch.compile(model)
+    else:
+        compiled = torch.compile(model, backend="sparse", options=args.options)
+    opt = _optimizer(model, args)
+    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=args.seed + 1)
+    gpu = device.type == "cuda"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if gpu else contextlib.nullcontext()
+
+    def sync():
+        if gpu:
+            torch.cuda.synchronize()
+
+    def evaluate() -> float:
+        with torch.no_grad(), autocast():
+            return sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
+
+    health = Health(model, args.config.activation_pattern, args.config.weights is not None)
+    result = RunResult(name)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    tokens_per_step = args.batch_size * args.seq_len
+    losses: list[float] = []
+    interval_time, interval_tokens = 0.0, 0
+    bar = tqdm(range(args.steps), desc=f"{name:>6}", disable=args.no_progress, file=sys.stderr)
+    for step in bar:
+        segment = (
+            "warmup"
+            if step < schedule.dense_warmup_steps
+            else ("final" if schedule.dense_from_step is not None and step >= schedule.dense_from_step else "sparse")
+        )
+        phase = schedule.step(step) if name == "sparse" else "dense"
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, args)
+        x, y = batches.next(device)
+        sync()
+        t0 = time.perf_counter()
+        with autocast():
+            _, loss = compiled(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        dt = time.perf_counter() - t0
+        if step >= 2:  # steps 0-1 compile (and the first sparse step warms the kernels)
+            result.seconds[segment] += dt
+            result.tokens[segment] += tokens_per_step
+        interval_time += dt
+        interval_tokens += tokens_per_step
+        losses.append(loss.item())
+        last = step == args.steps - 1
+        if (step + 1) % args.log_every == 0 or last:
+            row = {
+                "run": name,
+                "step": step + 1,
+                "segment": segment,
+                "phase": phase,
+                "lr": _lr(step, args),
+                "loss": sum(losses) / len(losses),
+                "val_loss": "",
+                "tokens_per_s": interval_tokens / interval_time,
+            }
+            if (step + 1) % args.eval_every == 0 or last:
+                row["val_loss"] = evaluate()
+            row.update(health.probe(x, autocast))
+            result.rows.append(row)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", phase=phase)
+            losses, interval_time, interval_tokens = [], 0.0, 0
+    result.final_val_loss = result.rows[-1]["val_loss"]
+    if gpu:
+        result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    sparse_compile.set_phase("sparse")
+    return result
+
+
+def _maybe(value: float, fmt: str) -> str:
+    return "n/a" if math.isnan(value) else fmt.format(value)
+
+
+def summary_table(results: dict[str, RunResult]) -> str:
+    names = list(results)
+    rows = [
+        ["final val loss", *(f"{results[n].final_val_loss:.4f}" for n in names)],
+        *[[f"tokens/s, {s} steps", *(f"{results[n].tokens_per_s((s,)):,.0f}" for n in names)] for s in SEGMENTS],
+        ["tokens/s, whole run", *(f"{results[n].tokens_per_s():,.0f}" for n in names)],
+        ["peak GPU memory (GiB)", *(_maybe(results[n].peak_memory_gib, "{:.2f}") for n in names)],
+    ]
+    if {"dense", "sparse"} <= set(names):
+        d, s = results["dense"], results["sparse"]
+        rel = (s.final_val_loss - d.final_val_loss) / d.final_val_loss
+        rows.append(["sparse vs dense: val loss", "", f"{100 * rel:+.2f}%"])
+        rows.append(
+            [
+                "sparse vs dense: speedup, sparse steps",
+                "",
+                f"{s.tokens_per_s(('sparse',)) / d.tokens_per_s(('sparse',)):.3f}x",
+            ]
+        )
+        rows.append(["sparse vs dense: speedup, whole run", "", f"{s.tokens_per_s() / d.tokens_per_s():.3f}x"])
+    return tabulate(rows, headers=["", *names], tablefmt="github", disable_numparse=True)
+
+
+def plot(results: dict[str, RunResult], schedule: sparse_compile.PhaseSchedule, steps: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, hx) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(3, 1.3))
+    colors = {"dense": "tab:blue", "sparse": "tab:orange"}
+    for name, r in results.items():
+        ax.plot(
+            [row["step"] for row in r.rows], [row["loss"] for row in r.rows], color=colors[name], label=f"{name} train"
+        )
+        val = [(row["step"], row["val_loss"]) for row in r.rows if row["val_loss"] != ""]
+        ax.plot(*zip(*val, strict=True), "o--", color=colors[name], label=f"{name} val")
+        hx.plot(
+            [row["step"] for row in r.rows],
+            [row["h_zero_frac"] for row in r.rows],
+            color=colors[name],
+            label=f"{name}: zeros in H",
+        )
+        hx.plot(
+            [row["step"] for row in r.rows],
+            [row["h_kept_frac"] for row in r.rows],
+            ":",
+            color=colors[name],
+            label=f"{name}: |H| kept by pattern",
+        )
+    end = schedule.dense_from_step if schedule.dense_from_step is not None else steps
+    for a in (ax, hx):
+        a.axvspan(schedule.dense_warmup_steps, end, color="tab:orange", alpha=0.08, lw=0)
+        for b in (schedule.dense_warmup_steps, end):
+            a.axvline(b, color="gray", ls=":", lw=1)
+    ax.set_ylabel("loss (nats/byte)")
+    ax.set_title("dense vs sparse (shaded: sparse phase of the sparse run)")
+    ax.legend(fontsize=8)
+    hx.set_xlabel("step")
+    hx.set_ylabel("fraction")
+    hx.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(torch.device(args.device), "python -m bench.train", argv)
+    corpus = Corpus.load(args.data_dir)
+    schedule = sparse_compile.PhaseSchedule.from_fractions(args.steps, args.warmup_frac, args.final_dense_frac)
+    val = Batches(corpus.val, args.batch_size, args.seq_len, seed=args.seed + 2)
+    val_batches = [val.next(args.device) for _ in range(args.eval_iters)]
+    header = (
+        f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "
+        f"{args.batch_size}x{args.seq_len} tokens; corpus {corpus.n_files} files of {corpus.source} "
+        f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
+        f"sparse: {args.config}; schedule: dense steps [0, {schedule.dense_warmup_steps}), sparse "
+        f"[{schedule.dense_warmup_steps}, {schedule.dense_from_step}), dense after\n"
+        + "\n".join(f"{k}: {v}" for k, v in env.items())
+    )
+    print(header, flush=True)
+    results = {name: train_one(name, args, corpus, schedule, val_batches) for name in args.runs}
+    with open(out / "log.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in results.values():
+            writer.writerows(r.rows)
+    plot(results, schedule, args.steps, out / "loss.png")
+    table = summary_table(results)
+    (out / "summary.txt").write_text(f"{header}\n\n{table}\n")
+    print(f"\n{table}\n\nwrote {out / 'log.csv'}, {out / 'loss.png'}, {out / 'summary.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

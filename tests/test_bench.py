@@ -1,0 +1,106 @@
+"""The main job's pieces: corpus, model, and a short run of python -m bench.train on CPU."""
+
+import csv
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from bench.data import Batches, Corpus, stdlib_files
+from bench.model import GPT, GPTConfig
+
+
+def test_corpus_is_deterministic_and_local(tmp_path):
+    a = Corpus.load(tmp_path / "a")
+    b = Corpus.load(tmp_path / "b")
+    assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
+    assert len(a.train) > 1_000_000 and len(a.val) > 100_000
+    first = stdlib_files()[0].read_bytes()
+    assert bytes(a.val[: len(first)]) == first  # file 0 goes to validation
+    cached = Corpus.load(tmp_path / "a")
+    assert isinstance(cached.train, np.memmap) and np.array_equal(cached.train, a.train)
+
+
+def test_batches_repeat_with_the_seed(tmp_path):
+    corpus = Corpus.load(tmp_path)
+    x1, y1 = Batches(corpus.train, 4, 32, seed=7).next()
+    x2, y2 = Batches(corpus.train, 4, 32, seed=7).next()
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert x1.shape == (4, 32) and x1.dtype == torch.int64
+    assert torch.equal(x1[:, 1:], y1[:, :-1])
+
+
+def test_model_matches_a_plain_eager_forward():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32))
+    idx = torch.randint(0, 256, (2, 32))
+    logits, loss = model(idx, idx)
+    x = model.wte(idx) + model.wpe(torch.arange(32))
+    for b in model.blocks:
+        h = b.ln_1(x)
+        q, k, v = b.attn.c_attn(h).split(32, dim=2)
+        q, k, v = (t.view(2, 32, 2, 16).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(16)
+        att = att.masked_fill(torch.ones(32, 32).triu(1).bool(), float("-inf")).softmax(-1)
+        x = x + b.attn.c_proj((att @ v).transpose(1, 2).reshape(2, 32, 32))
+        x = x + b.mlp.c_proj(torch.relu(b.mlp.c_fc(b.ln_2(x))) ** 2)
+    expected = model.ln_f(x) @ model.wte.weight.T
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_train_smoke_on_cpu(tmp_path):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.train",
+        "--steps",
+        "6",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "64",
+        "--log-every",
+        "2",
+        "--eval-every",
+        "3",
+        "--eval-iters",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--data-dir",
+        str(tmp_path / "data"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "final val loss" in done.stdout and "speedup, sparse steps" in done.stdout
+    rows = list(csv.DictReader(open(out / "log.csv")))
+    assert {r["run"] for r in rows} == {"dense", "sparse"} and len(rows) == 6
+    for r in rows:
+        assert math.isfinite(float(r["loss"])) and float(r["tokens_per_s"]) > 0
+        assert 0 <= float(r["h_zero_frac"]) <= 1
+    assert any(r["phase"] == "sparse" for r in rows if r["run"] == "sparse")
+    assert all(math.isfinite(float(r["val_loss"])) for r in rows if r["val_loss"])
+    assert (out / "loss.png").stat().st_size > 10_000
+    assert "final val loss" in (out / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "expected an int > 0"),
+        (["--warmup-frac", "0.7", "--final-dense-frac", "0.5"], "> 1"),
+        (["--sparsity", "bogus"], "preset='bogus'"),
+        (["--sparsity", '{"activations": "3:3:3"}'], "SparsityConfig.activations"),
+        (["--seq-len", "4096"], "> block size"),
+        (["--runs", "dense,fast"], "--runs"),
+    ],
+)
+def test_bad_arguments_exit_non_zero(args, message):
+    done = subprocess.run([sys.executable, "-m", "bench.train", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and message in done.stderr
