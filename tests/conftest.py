@@ -8,6 +8,7 @@ import sparse_compile
 def _fresh_state():
     """Each test starts in the sparse phase with empty Dynamo caches and counters."""
     torch._dynamo.reset()
+    sparse_compile.backend._reports.clear()
     torch._dynamo.utils.counters.clear()
     sparse_compile.set_phase("sparse")
     yield
