@@ -1,5 +1,6 @@
 """Where a number came from: device, versions, git revision, command. Printed with every result."""
 
+import os
 import shlex
 import subprocess
 import sys
@@ -9,6 +10,9 @@ import torch
 
 
 def git_revision() -> str:
+    """Short HEAD (+"-dirty"), or $SPARSE_COMPILE_GIT_REV where the tree has no .git (the GPU machine's copy)."""
+    if os.environ.get("SPARSE_COMPILE_GIT_REV"):
+        return os.environ["SPARSE_COMPILE_GIT_REV"]
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

@@ -95,3 +95,23 @@ def test_model_without_ffn_reports_zero_sites():
     report = explain(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.randn(4, 8))
     assert len(report) == 0
     assert str(report).startswith("sparse_compile report: 0 sparse FFN site(s), 0 dense")
+
+
+def test_autocast_square_in_float32_still_matches():
+    """CUDA autocast runs square (pow) in float32 between bf16 linears; emulate that dtype pattern on CPU."""
+    model = ffn_zoo.TorchReluSquare()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (gm,) = dynamo_graphs(model, torch.randn(64, ffn_zoo.D))
+    (match,), _ = find_ffn_sites(gm.graph)
+    ev = match.square.meta["example_value"]
+    with ev.fake_mode:
+        match.square.meta["example_value"] = ev.float()
+    (record,) = sparsify_ffns(gm, SparsityConfig.preset("venom"))
+    assert record.sparse and "cast to bfloat16" in record.reason
+    (gm2,) = dynamo_graphs(ffn_zoo.TorchReluSquare(), torch.randn(64, ffn_zoo.D))
+    (m2,), _ = find_ffn_sites(gm2.graph)
+    ev2 = m2.relu.meta["example_value"]
+    with ev2.fake_mode:
+        m2.relu.meta["example_value"] = ev2.half()
+    (dense,) = sparsify_ffns(gm2, SparsityConfig.preset("venom"))
+    assert not dense.sparse and "chain changes dtype" in dense.reason
