@@ -45,7 +45,8 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
         return w + (w * transposable_24_mask(w) - w).detach() if config.weights else w
 
     for b in model.blocks:
-        h = torch.relu(F.linear(x, ste(b.fc.weight), b.fc.bias)) ** 2
+        z = F.linear(x, ste(b.fc.weight), b.fc.bias)
+        h = (torch.relu(z) ** 2).to(z.dtype)  # H in the compute dtype (CUDA autocast runs pow in fp32)
         pattern = config.activation_pattern
         h2 = h.reshape(-1, h.shape[-1])
         if pattern is not None and h2.shape[0] % pattern[0] == 0:

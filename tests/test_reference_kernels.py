@@ -99,3 +99,31 @@ def test_vnm_ties_go_to_lower_columns():
 def test_vnm_rejects_bad_input(shape, v, n, m, match):
     with pytest.raises(ValueError, match=match):
         vnm_mask(torch.rand(shape), v, n, m)
+
+
+def _sort_based_mask(h: torch.Tensor, v: int, n: int, m: int) -> torch.Tensor:
+    """The selection spelled with stable sorts: an independent statement of the same tie rule."""
+    t, f = h.shape
+    blocks = h.reshape(t // v, v, f // m, m)
+    top = torch.sort(blocks.sum(1, dtype=torch.float32), dim=-1, descending=True, stable=True).indices[..., :4]
+    idx = top.sort(dim=-1).values.unsqueeze(1).expand(t // v, v, f // m, 4)
+    vals = torch.gather(blocks, 3, idx)
+    rank = torch.sort(vals, dim=-1, descending=True, stable=True).indices[..., :n]
+    keep = torch.zeros_like(vals, dtype=torch.bool).scatter_(-1, rank, True)
+    return torch.zeros_like(blocks, dtype=torch.bool).scatter_(3, idx, keep).reshape(t, f)
+
+
+@pytest.mark.parametrize("v, n, m", [(1, 2, 4), (4, 2, 8), (8, 1, 8), (16, 4, 16), (2, 2, 12), (4, 1, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vnm_mask_equals_sort_based_selection_with_ties(v, n, m, dtype):
+    g = torch.Generator().manual_seed(v + n + m)
+    # few distinct values: many exact ties, in norms and inside rows
+    h = torch.randint(0, 3, (8 * v, 4 * m), generator=g).to(dtype)
+    assert torch.equal(vnm_mask(h, v, n, m), _sort_based_mask(h, v, n, m))
+    h = _random_h(8 * v, 4 * m, v * m).to(dtype)
+    assert torch.equal(vnm_mask(h, v, n, m), _sort_based_mask(h, v, n, m))
+    cols, keep = vnm_select(h, v, n, m)
+    rebuilt = torch.zeros(8, v, 4, m, dtype=torch.bool).scatter_(
+        3, cols.unsqueeze(1).expand(-1, v, -1, -1), keep.reshape(8, v, 4, 4)
+    )
+    assert torch.equal(rebuilt.reshape(8 * v, 4 * m), vnm_mask(h, v, n, m))
