@@ -6,9 +6,9 @@ block's V tokens (accumulated in float32); inside those 4 columns every row keep
 N largest entries. Density N/M. 2:4 along features is V=1, N=2, M=4.
 
 Ties, both steps: the lower column index wins (the order of a stable descending sort).
-Kept column ids are stored ascending. Selection is sort-free: an entry's rank is the number
-of entries greater than it plus the number equal to it at a lower index, and the k entries
-of rank < k are kept (one elementwise pass over [..., K, K] comparisons; K is M or 4).
+Kept column ids are stored ascending. Column choice ranks each column by the number of columns
+with a larger norm plus those with an equal norm at a lower index ([..., M, M] comparisons on
+the small [T/V, F/M, M] norm tensor); the in-row choice is N rounds of argmax (first maximum).
 """
 
 import torch
@@ -35,33 +35,40 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     return ahead.sum(-1) < k
 
 
-def vnm_select(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept columns and in-row choice of the V:N:M pattern of ``h`` [T, F].
-
-    Returns ``cols`` int64 [T/V, F/M, 4]: kept column ids inside each M-group, ascending;
-    and ``keep`` bool [T, F/M, 4]: which of those 4 each row keeps (N per row).
-    """
-    _check(h, v, n, m)
+def _chosen_columns(h: torch.Tensor, v: int, m: int) -> torch.Tensor:
+    """Bool [T/V, 1, F/M, M]: the 4 columns of largest float32 L1 norm in each V x M block."""
     t, f = h.shape
-    blocks = h.reshape(t // v, v, f // m, m)
-    norms = blocks.sum(dim=1, dtype=torch.float32)  # [T/V, F/M, M]
-    chosen = top_k_mask(norms, 4)
-    # ascending ids of the 4 chosen columns: sort the column index, pushing unchosen ones to the end
-    ids = torch.arange(m, device=h.device).expand_as(norms)
-    cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]
-    vals = torch.gather(blocks, 3, cols.unsqueeze(1).expand(t // v, v, f // m, 4))
-    keep = torch.ones_like(vals, dtype=torch.bool) if n == 4 else top_k_mask(vals, n)
-    return cols, keep.reshape(t, f // m, 4)
+    return top_k_mask(h.reshape(t // v, v, f // m, m).sum(dim=1, dtype=torch.float32), 4).unsqueeze(1)
 
 
 def vnm_mask(h: torch.Tensor, v: int, n: int, m: int) -> torch.Tensor:
     """Boolean mask [T, F] of the V:N:M pattern of ``h`` (see module docstring)."""
     _check(h, v, n, m)
     t, f = h.shape
-    blocks = h.reshape(t // v, v, f // m, m)
-    chosen = top_k_mask(blocks.sum(dim=1, dtype=torch.float32), 4).unsqueeze(1)  # [T/V, 1, F/M, M]
+    chosen = _chosen_columns(h, v, m)
     if n == 4:
         return chosen.expand(t // v, v, f // m, m).reshape(t, f)
-    # N largest per row among the chosen columns: unchosen entries rank below every chosen one.
-    ranked = torch.where(chosen, blocks.float(), float("-inf"))
-    return (top_k_mask(ranked, n) & chosen).reshape(t, f)
+    # N rounds of argmax over each row's M-group, unchosen columns at -inf: argmax returns the
+    # first maximum, so ties go to the lower column, as in a stable descending sort.
+    ranked = torch.where(chosen, h.reshape(t // v, v, f // m, m), float("-inf"))
+    keep = torch.zeros(ranked.shape, dtype=torch.bool, device=h.device)
+    for _ in range(n):
+        best = ranked.argmax(dim=-1, keepdim=True)
+        keep.scatter_(-1, best, True)
+        ranked.scatter_(-1, best, float("-inf"))
+    return keep.reshape(t, f)
+
+
+def vnm_select(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept columns and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
+
+    Returns ``cols`` int64 [T/V, F/M, 4]: kept column ids inside each M-group, ascending;
+    and ``keep`` bool [T, F/M, 4]: which of those 4 each row keeps (N per row).
+    """
+    mask = vnm_mask(h, v, n, m)
+    t, f = h.shape
+    chosen = _chosen_columns(h, v, m).squeeze(1)
+    ids = torch.arange(m, device=h.device).expand_as(chosen)
+    cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
+    keep = torch.gather(mask.reshape(t // v, v, f // m, m), 3, cols.unsqueeze(1).expand(t // v, v, f // m, 4))
+    return cols, keep.reshape(t, f // m, 4)
