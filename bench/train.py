@@ -62,22 +62,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda'")
     p.add_argument("--size", choices=sorted(SIZES), help="model size (default: tiny on CPU, 125m on CUDA)")
-    p.add_argument("--steps", type=_positive, help="training steps per run (default: 150 CPU, 2000 CUDA)")
+    p.add_argument("--steps", type=_positive, help="training steps per run (default: 150 CPU, 1600 CUDA)")
     p.add_argument("--batch-size", type=_positive, help="sequences per step (default: 8 CPU, 16 CUDA)")
     p.add_argument("--seq-len", type=_positive, help="tokens (bytes) per sequence (default: the model's block size)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 2e-3 CPU, 1e-3 CUDA)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
     p.add_argument("--warmup-frac", type=_fraction, default=0.1, help="dense warm-up: first fraction of steps")
-    p.add_argument("--final-dense-frac", type=_fraction, default=0.2, help="dense recovery: last fraction of steps")
+    p.add_argument("--final-dense-frac", type=_fraction, default=0.25, help="dense recovery: last fraction of steps")
     p.add_argument(
         "--sparsity",
         default="venom",
         help="preset name (venom, activation24, weight24) or JSON options for backend='sparse'",
     )
+    p.add_argument(
+        "--masked-decay",
+        type=float,
+        default=2e-3,
+        help="masked decay of the pruned weights (Hu et al.), used when the sparsity has 2:4 weights",
+    )
     p.add_argument("--runs", default="dense,sparse", help="which runs, comma-separated: dense, sparse")
-    p.add_argument("--log-every", type=_positive, help="steps between logged points (default: steps/15)")
-    p.add_argument("--eval-every", type=_positive, help="steps between validation losses (default: steps/5)")
-    p.add_argument("--eval-iters", type=_positive, default=8, help="validation batches per evaluation")
+    p.add_argument("--log-every", type=_positive, help="steps between logged points (default: steps/32)")
+    p.add_argument("--eval-every", type=_positive, help="steps between validation losses (default: steps/8)")
+    p.add_argument("--eval-iters", type=_positive, help="validation batches per evaluation (default: 4 CPU, 8 CUDA)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order")
     p.add_argument("--out", default="runs/train", help="folder for log.csv, loss.png and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
@@ -92,12 +98,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--device cuda: no CUDA device is available")
     gpu = args.device == "cuda"
     args.size = args.size or ("125m" if gpu else "tiny")
-    args.steps = args.steps or (2000 if gpu else 150)
+    args.steps = args.steps or (1600 if gpu else 150)
     args.batch_size = args.batch_size or (16 if gpu else 8)
     args.seq_len = args.seq_len or SIZES[args.size].block_size
     args.lr = args.lr or (1e-3 if gpu else 2e-3)
-    args.log_every = args.log_every or max(1, args.steps // 15)
-    args.eval_every = args.eval_every or max(1, args.steps // 5)
+    args.log_every = args.log_every or max(1, args.steps // 32)
+    args.eval_every = args.eval_every or max(1, args.steps // 8)
+    args.eval_iters = args.eval_iters or (8 if gpu else 4)
     if args.seq_len > SIZES[args.size].block_size:
         p.error(f"--seq-len {args.seq_len} > block size {SIZES[args.size].block_size} of --size {args.size}")
     if args.warmup_frac + args.final_dense_frac > 1.0:
@@ -110,6 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.runs = runs
     try:
         options = json.loads(args.sparsity) if args.sparsity.lstrip().startswith("{") else {"preset": args.sparsity}
+        if BackendOptions.parse(options).config.weights is not None and "masked_decay" not in options:
+            options["masked_decay"] = args.masked_decay
         args.config = BackendOptions.parse(options).config
     except (json.JSONDecodeError, ValueError) as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
