@@ -79,9 +79,11 @@ def site_note(match: FFNMatch, config: SparsityConfig) -> str:
     """Autocast casts, and what happens to calls whose token count T is not a multiple of V ("" if none)."""
     pattern = config.activation_pattern
     x = example_value(match.x)
+    dtype = compute_dtype(match)
+    inputs = [example_value(n) for n in (match.x, match.w1, match.b1, match.w2, match.b2)]
     cast = ""
-    if x is not None and x.dtype != compute_dtype(match):
-        cast = f"inputs cast to {_dtype_name(compute_dtype(match))} as autocast does"
+    if any(v is not None and v.dtype != dtype for v in inputs):
+        cast = f"inputs cast to {_dtype_name(dtype)} as autocast does"
     if pattern is None or pattern[0] == 1 or x is None:
         return cast
     tokens = math.prod(x.shape[:-1])
