@@ -72,3 +72,22 @@ def vnm_select(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, t
     cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
     keep = torch.gather(mask.reshape(t // v, v, f // m, m), 3, cols.unsqueeze(1).expand(t // v, v, f // m, 4))
     return cols, keep.reshape(t, f // m, 4)
+
+
+def vnm_compact_ref(
+    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The compact V:N:M form of H = relu(z + bias)^2 (z [T, F], bias [F] or None), in z's dtype.
+
+    Returns ``h_c`` [T, F*4/M]: the 4 kept columns of each M-group (ascending), entries a row
+    does not keep set to 0; ``r_c`` [T, F*4/M]: relu(z + bias) at the same places (what backward
+    needs); ``ids`` int32 [T/V, F*4/M]: the absolute column of each compact column.
+    """
+    r = torch.relu(z if bias is None else z + bias)
+    h = r * r
+    cols, keep = vnm_select(h, v, n, m)
+    t, f = h.shape
+    ids = (cols + m * torch.arange(f // m, device=z.device).unsqueeze(-1)).reshape(t // v, f * 4 // m)
+    rows = ids.repeat_interleave(v, dim=0)
+    keep = keep.reshape(t, f * 4 // m)
+    return h.gather(1, rows) * keep, r.gather(1, rows) * keep, ids.to(torch.int32)

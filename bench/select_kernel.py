@@ -1,0 +1,81 @@
+"""python -m bench.select_kernel: the fused V:N:M selection kernel on a GPU, exact and timed.
+
+For each (T, h, pattern): checks vnm_select_compact == vnm_compact_ref bit for bit (bf16), then
+times both (triton.testing.do_bench medians). Bytes counted: read Z (T*h*2) + write h_c and r_c
+(2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). The ceiling is the measured device-to-device copy rate
+(bytes read + written) of a 1 GiB buffer on the same GPU.
+"""
+
+import argparse
+import csv
+import sys
+
+import torch
+import triton.testing
+from tabulate import tabulate
+
+from bench.env import environment
+from sparse_compile.kernels.activation_mask import vnm_compact_ref
+from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+
+PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16)]
+
+
+def copy_gbps() -> float:
+    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * src.numel() * 2 / ms / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.select_kernel", description=__doc__)
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--hidden", default="8192,16384", help="comma-separated hidden sizes")
+    p.add_argument("--csv", help="write the rows here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    env = environment(torch.device("cuda"), "python -m bench.select_kernel", argv)
+    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+    ceiling = copy_gbps()
+    print(f"measured copy: {ceiling:.0f} GB/s (read + write)")
+    rows = []
+    t = args.tokens
+    for h in (int(s) for s in args.hidden.split(",")):
+        z = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(h, device="cuda", dtype=torch.bfloat16) * 0.1
+        for v, n, m in PATTERNS:
+            got = vnm_select_compact(z, b, v, n, m)
+            want = vnm_compact_ref(z, b, v, n, m)
+            exact = all(torch.equal(a, r) for a, r in zip(got, want, strict=True))
+            args = (z, b, v, n, m)
+            ms = triton.testing.do_bench(lambda a=args: vnm_select_compact(*a), return_mode="median")
+            ms_ref = triton.testing.do_bench(lambda a=args: vnm_compact_ref(*a), return_mode="median")
+            nbytes = t * h * 2 + 2 * t * h * 4 // m * 2 + (t // v) * h * 4 // m * 4
+            gbps = nbytes / ms / 1e6
+            rows.append(
+                {
+                    "T": t,
+                    "h": h,
+                    "pattern": f"{v}:{n}:{m}",
+                    "exact": exact,
+                    "ms": ms,
+                    "GB/s": gbps,
+                    "of copy": gbps / ceiling,
+                    "torch ms": ms_ref,
+                    "speedup": ms_ref / ms,
+                    "git": env["git"],
+                }
+            )
+    print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
