@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             got = vnm_select_compact(z, b, v, n, m)
             want = vnm_compact_ref(z, b, v, n, m)
             exact = all(torch.equal(a, r) for a, r in zip(got, want, strict=True))
-            args = (z, b, v, n, m)
-            ms = triton.testing.do_bench(lambda a=args: vnm_select_compact(*a), return_mode="median")
-            ms_ref = triton.testing.do_bench(lambda a=args: vnm_compact_ref(*a), return_mode="median")
+            call = (z, b, v, n, m)
+            ms = triton.testing.do_bench(lambda c=call: vnm_select_compact(*c), return_mode="median")
+            ms_ref = triton.testing.do_bench(lambda c=call: vnm_compact_ref(*c), return_mode="median")
             nbytes = t * h * 2 + 2 * t * h * 4 // m * 2 + (t // v) * h * 4 // m * 4
             gbps = nbytes / ms / 1e6
             rows.append(
