@@ -148,10 +148,9 @@ class Health:
     since the previous probe.
     """
 
-    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None, weights: bool) -> None:
+    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None) -> None:
         self.model = model
         self.pattern = pattern
-        self.weights = weights
         self.previous: list[torch.Tensor] | None = None
 
     @torch.no_grad()
@@ -225,7 +224,7 @@ def train_one(
         with torch.no_grad(), autocast():
             return sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
 
-    health = Health(model, args.config.activation_pattern, args.config.weights is not None)
+    health = Health(model, args.config.activation_pattern)
     result = RunResult(name)
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)

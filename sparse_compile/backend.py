@@ -103,9 +103,9 @@ def sparse_backend(
     with _lock:
         _reports.append(report)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)
-    if not report.sparse_sites:
-        return compile_fx(gm, example_inputs, config_patches=patches)
     dense_fn = compile_fx(gm, example_inputs, config_patches=patches)
+    if not report.sparse_sites:
+        return dense_fn
     sparse_fn = compile_fx(
         sparse_gm, example_inputs, config_patches={**patches, "post_grad_custom_post_pass": SourceHashPass()}
     )
