@@ -233,11 +233,8 @@ def train_one(
     interval_time, interval_tokens = 0.0, 0
     bar = tqdm(range(args.steps), desc=f"{name:>6}", disable=args.no_progress, file=sys.stderr)
     for step in bar:
-        segment = (
-            "warmup"
-            if step < schedule.dense_warmup_steps
-            else ("final" if schedule.dense_from_step is not None and step >= schedule.dense_from_step else "sparse")
-        )
+        in_sparse_window = schedule.phase_at(step) == "sparse"
+        segment = "sparse" if in_sparse_window else ("warmup" if step < schedule.dense_warmup_steps else "final")
         phase = schedule.step(step) if name == "sparse" else "dense"
         for g in opt.param_groups:
             g["lr"] = _lr(step, args)
