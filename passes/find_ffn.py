@@ -120,6 +120,8 @@ def _match_one(first: Node) -> FFNMatch | NearMiss | None:
     if len(value_users) != 1:
         return NearMiss(first, None, f"relu output has {len(value_users)} users (needs exactly the square)")
     seconds = list(square.users)
+    if any(u.op == "output" for u in seconds):
+        return NearMiss(first, None, _LEAVES_GRAPH.format(what="relu²"))
     if len(seconds) != 1 or linear_args(seconds[0]) is None or linear_args(seconds[0])[0] is not square:
         names = ", ".join(op_name(u) for u in seconds) or "nothing"
         return NearMiss(first, None, f"relu² output feeds {names} (needs exactly one linear)")
@@ -130,6 +132,10 @@ def _match_one(first: Node) -> FFNMatch | NearMiss | None:
     return FFNMatch(first, relu, square, second, x, w1, b1, w2, b2)
 
 
+_LEAVES_GRAPH = (
+    "{what} is an output of this graph, so the chain continues in another graph: a graph break, or DDP's "
+    "per-bucket graph split (set torch._dynamo.config.optimize_ddp = False to keep FFN chains whole)"
+)
 _MAX_ACTIVATION_STEPS = 4
 # Elementwise ops that can stand between the two linears of an FFN that is not relu².
 _ACTIVATION_OPS = {
@@ -166,6 +172,8 @@ def _near_miss(first: Node) -> NearMiss | None:
         if len(node.users) != 1:
             return None
         (user,) = node.users
+        if user.op == "output" and any(_relu_input(n) is not None for n in chain):
+            return NearMiss(first, None, _LEAVES_GRAPH.format(what=op_name(chain[-1])))
         args = linear_args(user)
         if args is not None:
             if args[0] is not node or not chain:

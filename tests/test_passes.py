@@ -115,3 +115,16 @@ def test_autocast_square_in_float32_still_matches():
         m2.relu.meta["example_value"] = ev2.half()
     (dense,) = sparsify_ffns(gm2, SparsityConfig.preset("venom"))
     assert not dense.sparse and "chain changes dtype" in dense.reason
+
+
+def test_chain_cut_by_a_graph_boundary_says_so():
+    class Broken(ffn_zoo._Two):
+        def forward(self, x):
+            r = torch.relu(self.fc(x))
+            torch._dynamo.graph_break()
+            return self.proj(r.square())
+
+    report = explain(Broken(), torch.randn(64, ffn_zoo.D))
+    assert len(report.sparse_sites) == 0
+    (site,) = report.dense_sites
+    assert "relu is an output of this graph" in site.record.reason and "optimize_ddp" in site.record.reason

@@ -1,0 +1,62 @@
+"""One rank of the 2-process DDP check (gloo, CPU): trains 10 steps, writes its losses and report."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import sparse_compile
+from bench.model import GPT, GPTConfig
+
+CFG = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=256)
+GLOBAL_BATCH, SEQ, STEPS = 4, 64, 10
+
+
+def batches(steps: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(123)
+    return [torch.randint(0, 256, (GLOBAL_BATCH, SEQ + 1), generator=g) for _ in range(steps)]
+
+
+def train(model: torch.nn.Module, compiled, rank: int, world: int) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    per_rank = GLOBAL_BATCH // world
+    for idx in batches(STEPS):
+        idx = idx[rank * per_rank : (rank + 1) * per_rank]
+        _, loss = compiled(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
+def main(rank: int, world: int, port: str, out: str, optimize_ddp: bool, bucket_mb: float) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch._dynamo.config.optimize_ddp = optimize_ddp
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=bucket_mb), backend="sparse")
+    losses = train(model, compiled, rank, world)
+    mean = [loss.clone() for loss in losses]
+    for m in mean:  # the global-batch loss: mean over ranks
+        dist.all_reduce(m)
+    if rank == 0:
+        reports = sparse_compile.compile_reports()
+        record = {
+            "losses": [m.item() / world for m in mean],
+            "sparse": sum(len(r.sparse_sites) for r in reports),
+            "dense_reasons": [s.record.reason for r in reports for s in r.dense_sites],
+        }
+        with open(out, "w") as f:
+            json.dump(record, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    port, out, optimize_ddp, bucket_mb = sys.argv[1], sys.argv[2], sys.argv[3] == "1", float(sys.argv[4])
+    torch.multiprocessing.spawn(main, args=(2, port, out, optimize_ddp, bucket_mb), nprocs=2)
