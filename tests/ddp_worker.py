@@ -54,7 +54,10 @@ def main(rank: int, world: int, port: str, out: str, optimize_ddp: bool, bucket_
         }
         with open(out, "w") as f:
             json.dump(record, f)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Both ranks are past their last collective. gloo's teardown can hang a rank whose peer has
+    # already exited (seen here), so leave without it.
+    os._exit(0)
 
 
 if __name__ == "__main__":

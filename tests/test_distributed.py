@@ -35,7 +35,7 @@ def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float) -> dict:
     ]
     log = tmp_path / f"ddp_{optimize_ddp}.log"
     with open(log, "w") as f:  # a file, not a pipe: multiprocessing helpers may hold pipes open after exit
-        done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=600)
+        done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300)
     assert done.returncode == 0, log.read_text()[-3000:]
     return json.loads(out.read_text())
 
