@@ -19,7 +19,7 @@ import torch.nn as nn
 from tabulate import tabulate
 
 from bench.env import environment
-from sparse_compile.config import BackendOptions
+from sparse_compile.config import BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
 
 GPU_SHAPES = [(16384, 768, 3072), (16384, 2048, 8192), (16384, 4096, 16384), (4096, 1024, 4096)]
@@ -124,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
-        import json
-
-        sparsity = json.loads(args.sparsity) if args.sparsity.lstrip().startswith("{") else {"preset": args.sparsity}
+        sparsity = options_from_text(args.sparsity)
         BackendOptions.parse(sparsity)
         shapes = (
             [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]

@@ -8,7 +8,6 @@ loss.png (both loss curves, phase boundaries) and summary.txt (the comparison ta
 import argparse
 import contextlib
 import csv
-import json
 import math
 import sys
 import time
@@ -23,7 +22,7 @@ import sparse_compile
 from bench.data import Batches, Corpus
 from bench.env import environment
 from bench.model import GPT, SIZES
-from sparse_compile.config import BackendOptions
+from sparse_compile.config import BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
 
 SEGMENTS = ("warmup", "sparse", "final")
@@ -116,11 +115,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--runs {args.runs!r}: expected a comma-separated subset of dense,sparse")
     args.runs = runs
     try:
-        options = json.loads(args.sparsity) if args.sparsity.lstrip().startswith("{") else {"preset": args.sparsity}
+        options = options_from_text(args.sparsity)
         if BackendOptions.parse(options).config.weights is not None and "masked_decay" not in options:
             options["masked_decay"] = args.masked_decay
         args.config = BackendOptions.parse(options).config
-    except (json.JSONDecodeError, ValueError) as e:
+    except ValueError as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
     args.options = options
     return args

@@ -35,28 +35,29 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     return ahead.sum(-1) < k
 
 
-def _chosen_columns(h: torch.Tensor, v: int, m: int) -> torch.Tensor:
-    """Bool [T/V, 1, F/M, M]: the 4 columns of largest float32 L1 norm in each V x M block."""
-    t, f = h.shape
-    return top_k_mask(h.reshape(t // v, v, f // m, m).sum(dim=1, dtype=torch.float32), 4).unsqueeze(1)
-
-
-def vnm_mask(h: torch.Tensor, v: int, n: int, m: int) -> torch.Tensor:
-    """Boolean mask [T, F] of the V:N:M pattern of ``h`` (see module docstring)."""
+def _vnm(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen [T/V, F/M, M]: the 4 columns of largest float32 L1 norm per V x M block,
+    keep [T/V, V, F/M, M]: the V:N:M mask)."""
     _check(h, v, n, m)
     t, f = h.shape
-    chosen = _chosen_columns(h, v, m)
+    blocks = h.reshape(t // v, v, f // m, m)
+    chosen = top_k_mask(blocks.sum(dim=1, dtype=torch.float32), 4)
     if n == 4:
-        return chosen.expand(t // v, v, f // m, m).reshape(t, f)
+        return chosen, chosen.unsqueeze(1).expand(t // v, v, f // m, m)
     # N rounds of argmax over each row's M-group, unchosen columns at -inf: argmax returns the
     # first maximum, so ties go to the lower column, as in a stable descending sort.
-    ranked = torch.where(chosen, h.reshape(t // v, v, f // m, m), float("-inf"))
+    ranked = torch.where(chosen.unsqueeze(1), blocks, float("-inf"))
     keep = torch.zeros(ranked.shape, dtype=torch.bool, device=h.device)
     for _ in range(n):
         best = ranked.argmax(dim=-1, keepdim=True)
         keep.scatter_(-1, best, True)
         ranked.scatter_(-1, best, float("-inf"))
-    return keep.reshape(t, f)
+    return chosen, keep
+
+
+def vnm_mask(h: torch.Tensor, v: int, n: int, m: int) -> torch.Tensor:
+    """Boolean mask [T, F] of the V:N:M pattern of ``h`` (see module docstring)."""
+    return _vnm(h, v, n, m)[1].reshape(h.shape)
 
 
 def vnm_select(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,12 +66,11 @@ def vnm_select(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, t
     Returns ``cols`` int64 [T/V, F/M, 4]: kept column ids inside each M-group, ascending;
     and ``keep`` bool [T, F/M, 4]: which of those 4 each row keeps (N per row).
     """
-    mask = vnm_mask(h, v, n, m)
+    chosen, mask = _vnm(h, v, n, m)
     t, f = h.shape
-    chosen = _chosen_columns(h, v, m).squeeze(1)
     ids = torch.arange(m, device=h.device).expand_as(chosen)
     cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
-    keep = torch.gather(mask.reshape(t // v, v, f // m, m), 3, cols.unsqueeze(1).expand(t // v, v, f // m, 4))
+    keep = torch.gather(mask, 3, cols.unsqueeze(1).expand(t // v, v, f // m, 4))
     return cols, keep.reshape(t, f // m, 4)
 
 

@@ -45,13 +45,13 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
             return f"{name} is not a tensor"
     x, w1, w2 = vals["x"], vals["w1"], vals["w2"]
     dtype = compute_dtype(match)
-    chain = [example_value(n).dtype for n in (match.first, match.relu, match.square, match.second)]
+    chain = [vals[k].dtype for k in ("first", "relu", "square", "second")]
     # CUDA autocast runs pow/square in float32 (a bf16 product is exact in fp32, and the second linear
     # rounds it back): the op's square in the compute dtype gives the same values.
     first, relu, square, second = chain
     if not (first == relu == second == dtype and square in (dtype, torch.float32)):
-        names = " -> ".join(_dtype_name(d) for d in chain)
-        return f"the chain changes dtype (linear -> relu -> square -> linear: {names}); the op computes in one dtype"
+        path = " -> ".join(_dtype_name(d) for d in chain)
+        return f"the chain changes dtype (linear -> relu -> square -> linear: {path}); the op computes in one dtype"
     if dtype not in FLOAT_DTYPES:
         return f"dtype {_dtype_name(dtype)} is not one of {', '.join(_dtype_name(d) for d in FLOAT_DTYPES)}"
     inputs = [v for v in (x, w1, w2, example_value(match.b1), example_value(match.b2)) if v is not None]

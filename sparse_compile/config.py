@@ -1,6 +1,7 @@
 """SparsityConfig: what the sparse phase computes, parsed from ``torch.compile(options=...)``."""
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -137,3 +138,16 @@ class BackendOptions:
             mode=options.get("mode", mode),
             inductor=dict(inductor),
         )
+
+
+def options_from_text(text: str) -> dict[str, Any]:
+    """Command-line sparsity: a preset name ('venom') or JSON options ('{"activations": "2:4"}').
+
+    Raises ValueError (bad JSON included) naming the text; the options are not validated here.
+    """
+    if not text.lstrip().startswith("{"):
+        return {"preset": text}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{text!r} is not valid JSON: {e}") from None

@@ -62,3 +62,13 @@ def test_dump_dir_from_env(monkeypatch):
     monkeypatch.setenv("SPARSE_COMPILE_DUMP_DIR", "/tmp/dumps")
     assert BackendOptions.parse({}).dump_dir == "/tmp/dumps"
     assert BackendOptions.parse({"dump_dir": "/tmp/other"}).dump_dir == "/tmp/other"
+
+
+def test_options_from_text():
+    from sparse_compile.config import options_from_text
+
+    assert options_from_text("venom") == {"preset": "venom"}
+    assert options_from_text(' {"activations": "2:4"}') == {"activations": "2:4"}
+    with pytest.raises(ValueError, match="not valid JSON"):
+        options_from_text("{bad")
+    assert options_from_text("[1]") == {"preset": "[1]"}  # not JSON: a preset name, rejected later
