@@ -1,0 +1,61 @@
+"""Compact V:N:M -> dense, in Triton (reference: kernels/gather_reference.py:vnm_scatter_ref).
+
+D [T, F] with D[t, ids[t // V, k]] = c[t, k] (squared first if asked), zeros elsewhere. The
+exact weight gradients need the dense operand: dW2 = dY^T H~ and dW1 = dZ^T X.
+
+One program writes a [ROWS, BLOCK_G * M] tile of D (ROWS divides V, so one id set) in full,
+zeros included: no memset pass, and every store is a contiguous row segment. Column j of group g
+takes the compact value whose id is g*M + j (at most one of the group's 4 matches).
+Bytes: read T*Kc values + ids, write T*F: one write pass over D.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _scatter_kernel(
+    c_ptr, ids_ptr, out_ptr, G, V, stride_c, stride_ids, stride_out,
+    M: tl.constexpr, M_P: tl.constexpr, ROWS: tl.constexpr, BLOCK_G: tl.constexpr, SQUARE: tl.constexpr,
+):  # fmt: skip
+    r0 = tl.program_id(0) * ROWS
+    rows = r0 + tl.arange(0, ROWS)
+    grp = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    g_ok = grp < G
+    j = tl.arange(0, M_P)
+    blk = r0 // V
+    dense = tl.zeros((ROWS, BLOCK_G, M_P), dtype=out_ptr.dtype.element_ty)
+    for p in tl.static_range(4):
+        col = tl.load(ids_ptr + blk.to(tl.int64) * stride_ids + grp * 4 + p, mask=g_ok, other=-1) - grp * M
+        val = tl.load(c_ptr + rows[:, None].to(tl.int64) * stride_c + grp[None, :] * 4 + p, mask=g_ok[None, :])
+        if SQUARE:
+            val = val * val
+        hit = col[None, :, None] == j[None, None, :]
+        dense = tl.where(hit, val[:, :, None], dense)
+    dst = rows[:, None, None].to(tl.int64) * stride_out + grp[None, :, None] * M + j[None, None, :]
+    tl.store(out_ptr + dst, dense, mask=g_ok[None, :, None] & (j < M)[None, None, :])
+
+
+def vnm_scatter(c: torch.Tensor, ids: torch.Tensor, v: int, m: int, square: bool = False) -> torch.Tensor:
+    """Dense [T, Kc*M/4] from compact c [T, Kc] and ids [T/V, Kc] (c*c, rounded to c's dtype, if ``square``)."""
+    if c.dtype not in _DTYPES or ids.dtype != torch.int32:
+        raise ValueError(f"vnm_scatter: c.dtype={c.dtype} (expected one of {_DTYPES}), ids.dtype={ids.dtype} (int32)")
+    t, kc = c.shape
+    if v < 1 or t % v or ids.shape != (t // v, kc) or kc % 4 or m % 4 or m < 4:
+        raise ValueError(f"vnm_scatter: c {tuple(c.shape)}, ids {tuple(ids.shape)}, V={v}, M={m} do not match")
+    if c.stride(1) != 1 or not ids.is_contiguous():
+        raise ValueError("vnm_scatter: c needs contiguous rows and ids must be contiguous")
+    g = kc // 4
+    out = torch.empty(t, g * m, device=c.device, dtype=c.dtype)
+    rows = min(v & -v, 16)  # the largest power of two dividing V, at most 16
+    m_p = triton.next_power_of_2(m)
+    block_g = max(1, min(triton.next_power_of_2(g), 4096 // (rows * m_p)))
+    grid = (t // rows, triton.cdiv(g, block_g))
+    _scatter_kernel[grid](
+        c, ids, out, g, v, c.stride(0), ids.stride(0), out.stride(0),
+        M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, SQUARE=square,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,196 @@
+"""The two GEMMs of a compact V:N:M activation, in Triton (references: kernels/gather_reference.py).
+
+Every block of V tokens keeps the same Kc = F*4/M hidden columns (ids [T/V, Kc]), so a tile of
+BLOCK_M rows inside one block multiplies against one set of gathered rows of a dense operand:
+
+  gather_k_mm  C[T, N]  = c[T, Kc] @ b[ids, :]            K = Kc  (F2: b = W2^T [h, d]; B3: b = W1 [h, d])
+  gather_n_mm  C[T, Kc] = a[T, K] @ bt[ids, :]^T          N = Kc  (B1: a = dY, bt = W2^T [h, d])
+               with the dZ epilogue: C = round(C) * 2 r   (r = compact relu(Z), 0 where a row drops)
+
+FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F. Bytes: the
+gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
+along N (resp. K), so each gathered row is a coalesced load. fp32 accumulate; fp32 inputs use
+IEEE fp32 dot (no TF32), so the kernels never change a user's precision.
+BLOCK_M must divide V (one id set per tile): the autotuner only tries those configs.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # CPU interpreter: one small config
+    _CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1)]
+else:  # Hopper/Ampere bf16/fp16: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
+    _CONFIGS = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+        for bm, bn, bk, s, w in [
+            (128, 256, 64, 3, 8),
+            (128, 128, 64, 4, 8),
+            (128, 128, 64, 4, 4),
+            (128, 128, 128, 3, 8),
+            (64, 256, 64, 4, 8),
+            (64, 128, 64, 4, 4),
+            (64, 128, 128, 3, 4),
+            (64, 64, 64, 4, 4),
+            (32, 128, 64, 4, 4),  # V = 32 or 16 only
+            (16, 128, 64, 4, 4),
+        ]
+    ]
+
+
+def _prune(configs, named_args, **kwargs):
+    v = named_args["V"] if "V" in named_args else kwargs["V"]
+    return [c for c in configs if v % c.kwargs["BLOCK_M"] == 0]
+
+
+@triton.jit
+def _tile(T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) in grouped order: GROUP_M row tiles share each column tile while it is in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(T, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.autotune(configs=_CONFIGS, key=["T", "N", "KC", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _gather_k_kernel(
+    c_ptr, ids_ptr, b_ptr, bias_ptr, out_ptr,
+    T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = _tile(T, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    blk = (pid_m * BLOCK_M) // V
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_c + rk[None, :]
+    id_ptrs = ids_ptr + blk.to(tl.int64) * stride_ids + rk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, KC, BLOCK_K):
+        k_ok = rk < KC - k0
+        a = tl.load(c_ptrs, mask=k_ok[None, :], other=0.0)
+        idx = tl.load(id_ptrs, mask=k_ok, other=0)
+        b_ptrs = b_ptr + idx[:, None].to(tl.int64) * stride_b + rn[None, :]  # gathered rows [BLOCK_K, BLOCK_N]
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        c_ptrs += BLOCK_K
+        id_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rm[:, None].to(tl.int64) * stride_out + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[None, :])
+
+
+@triton.autotune(configs=_CONFIGS, key=["T", "KC", "K", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _gather_n_kernel(
+    a_ptr, bt_ptr, ids_ptr, r_ptr, out_ptr,
+    T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
+    HAS_R: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = _tile(T, KC, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # compact columns
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < KC
+    blk = (pid_m * BLOCK_M) // V
+    idx = tl.load(ids_ptr + blk.to(tl.int64) * stride_ids + rn, mask=n_ok, other=0)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
+    b_ptrs = bt_ptr + idx[None, :].to(tl.int64) * stride_bt + rk[:, None]  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = rk < K - k0
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    dtype = out_ptr.dtype.element_ty
+    if HAS_R:  # dZ = round(dH) * 2 relu(Z), as the reference rounds dH = dY W2 before the product
+        r = tl.load(r_ptr + rm[:, None].to(tl.int64) * stride_r + rn[None, :], mask=n_ok[None, :], other=0.0)
+        acc = acc.to(dtype).to(tl.float32) * (2.0 * r.to(tl.float32))
+    out = out_ptr + rm[:, None].to(tl.int64) * stride_out + rn[None, :]
+    tl.store(out, acc.to(dtype), mask=n_ok[None, :])
+
+
+def _check(name: str, v: int, **tensors: torch.Tensor) -> None:
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+        raise ValueError(f"{name}: operands must share one dtype of {_DTYPES}; got {sorted(map(str, dtypes))}")
+    for key, t in tensors.items():
+        if t.dim() != 2 or t.stride(-1) != 1:
+            raise ValueError(f"{name}: {key} must be 2-D with contiguous rows; got shape {tuple(t.shape)}")
+    ids = tensors["ids"]
+    if ids.dtype != torch.int32:
+        raise ValueError(f"{name}: ids.dtype={ids.dtype}; expected torch.int32")
+    if not isinstance(v, int) or v < 16 or v % 16:
+        raise ValueError(f"{name}: V={v}; the gather kernels need V a multiple of 16")
+
+
+def gather_k_mm(
+    c: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[T, N] = per block of V rows, c[block] @ b[ids[block]] (+ bias [N]). c [T, Kc], ids [T/V, Kc], b [F, N]."""
+    _check("gather_k_mm", v, c=c, ids=ids, b=b)
+    t, kc = c.shape
+    if t % v or ids.shape != (t // v, kc):
+        raise ValueError(f"gather_k_mm: c {tuple(c.shape)} and ids {tuple(ids.shape)} do not match V={v}")
+    n = b.shape[1]
+    if bias is not None and (bias.shape != (n,) or bias.dtype != c.dtype or not bias.is_contiguous()):
+        raise ValueError(f"gather_k_mm: bias must be contiguous [{n}] of {c.dtype}; got {tuple(bias.shape)}")
+    out = torch.empty(t, n, device=c.device, dtype=c.dtype)
+
+    def grid(meta):
+        return (triton.cdiv(t, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    _gather_k_kernel[grid](
+        c, ids, b, bias if bias is not None else b, out,
+        t, n, kc, v, c.stride(0), ids.stride(0), b.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32,
+    )  # fmt: skip
+    return out
+
+
+def gather_n_mm(
+    a: torch.Tensor, bt: torch.Tensor, ids: torch.Tensor, v: int, r: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
+
+    a [T, K], bt [F, K], ids [T/V, Kc].
+    """
+    tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
+    _check("gather_n_mm", v, **tensors)
+    t, k = a.shape
+    kc = ids.shape[1]
+    if t % v or ids.shape[0] != t // v or bt.shape[1] != k or (r is not None and r.shape != (t, kc)):
+        raise ValueError(
+            f"gather_n_mm: shapes do not match V={v}: a {tuple(a.shape)}, bt {tuple(bt.shape)}, ids {tuple(ids.shape)}"
+        )
+    out = torch.empty(t, kc, device=a.device, dtype=a.dtype)
+
+    def grid(meta):
+        return (triton.cdiv(t, meta["BLOCK_M"]) * triton.cdiv(kc, meta["BLOCK_N"]),)
+
+    _gather_n_kernel[grid](
+        a, bt, ids, r if r is not None else a, out,
+        t, kc, k, v, a.stride(0), bt.stride(0), ids.stride(0), r.stride(0) if r is not None else 0, out.stride(0),
+        HAS_R=r is not None, IEEE=a.dtype == torch.float32,
+    )  # fmt: skip
+    return out
