@@ -6,6 +6,7 @@ the invariants every pass keeps.
 """
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ from torch._dynamo.utils import counters
 from torch.fx import Node
 
 from sparse_compile.config import SparsityConfig
+from sparse_compile.dispatch import plan_kernels
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
-from sparse_compile.passes.legality import example_value, illegal_reason, site_note
+from sparse_compile.passes.legality import compute_dtype, example_value, illegal_reason, site_note
 from sparse_compile.passes.rewrite_ffn import rewrite_site
 
 __all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "sparsify_ffns"]
@@ -33,6 +35,7 @@ class SiteRecord:
     device: str
     sparse: bool
     reason: str
+    kernel: str = "dense (Inductor)"
 
 
 def _clean_path(path: str) -> str:
@@ -100,9 +103,14 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[Site
             match, **{k: replaced.get(getattr(match, k), getattr(match, k)) for k in ("x", "w1", "b1", "w2", "b2")}
         )
         reason = illegal_reason(match, config)
-        records.append(_describe(match.first, match.second, reason is None, reason or site_note(match, config)))
-        if reason is None:
-            replaced[match.second] = rewrite_site(match, config, sparse_weights)
+        if reason is not None:
+            records.append(_describe(match.first, match.second, False, reason))
+            continue
+        x = example_value(match.x)
+        plan = plan_kernels(x.device, compute_dtype(match), math.prod(x.shape[:-1]), config)
+        note = "; ".join(n for n in (site_note(match, config), plan.why) if n)
+        records.append(dataclasses.replace(_describe(match.first, match.second, True, note), kernel=plan.kernel))
+        replaced[match.second] = rewrite_site(match, config, sparse_weights, gather=plan.gather)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
     n_sparse = sum(r.sparse for r in records)
     if n_sparse:

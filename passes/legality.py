@@ -12,7 +12,8 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from sparse_compile.config import SparsityConfig
-from sparse_compile.op import DEVICES, FLOAT_DTYPES
+from sparse_compile.dispatch import DEVICES
+from sparse_compile.op import FLOAT_DTYPES
 from sparse_compile.passes.find_ffn import FFNMatch
 
 

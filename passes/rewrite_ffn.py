@@ -1,4 +1,5 @@
-"""Rewrite a matched FFN site into sparse_compile::sqrelu_ffn (+ sparsify_weight for 2:4 weights).
+"""Rewrite a matched FFN site into sparse_compile::sqrelu_ffn or ::sqrelu_ffn_vnm (the compact V:N:M
+kernels, when dispatch.py says so), plus sparsify_weight for 2:4 weights.
 
 Graph surgery only: new nodes go right before the second linear, carry ``example_value``
 (computed with the graph's fake mode), ``stack_trace`` and ``nn_module_stack`` of the
@@ -29,8 +30,11 @@ def _add(graph: torch.fx.Graph, target, args: tuple, like: Node, fake_mode) -> N
     return node
 
 
-def rewrite_site(match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node]) -> Node:
-    """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites)."""
+def rewrite_site(match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node], gather: bool) -> Node:
+    """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites).
+
+    ``gather``: call the compact V:N:M op instead of the reference op.
+    """
     graph = match.second.graph
     # The example values' own fake mode: at backend time TracingContext holds another one.
     fake_mode = example_value(match.x).fake_mode
@@ -54,7 +58,9 @@ def rewrite_site(match: FFNMatch, config: SparsityConfig, sparse_weights: dict[N
                 w = sparse_weights[w]
             weights.append(cast(w))
         args = (cast(match.x), weights[0], cast(match.b1), weights[1], cast(match.b2), config.op_spec())
-        ffn = _add(graph, torch.ops.sparse_compile.sqrelu_ffn.default, args, match.second, fake_mode)
+        ops = torch.ops.sparse_compile
+        op = ops.sqrelu_ffn_vnm.default if gather else ops.sqrelu_ffn.default
+        ffn = _add(graph, op, args, match.second, fake_mode)
         out = _add(graph, operator.getitem, (ffn, 0), match.second, fake_mode)
     match.second.replace_all_uses_with(out)
     for node in (match.second, match.square, match.relu, match.first):

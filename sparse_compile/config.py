@@ -9,7 +9,7 @@ from typing import Any
 
 WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_MODES = ("dense",)
-KERNEL_CHOICES = ("auto", "reference")
+KERNEL_CHOICES = ("auto", "reference", "triton")
 _VNM_RULE = "'2:4' or 'V:N:M' with V >= 1, N in {1, 2, 4}, M a multiple of 4 and >= 4, not N=4 with M=4"
 
 
@@ -40,7 +40,8 @@ class SparsityConfig:
     weights: None or "2:4" (transposable 2:4 magnitude mask of W1 and W2, straight-through grads).
     activations: None, "2:4" (along the hidden dim) or "V:N:M" (e.g. "64:2:8").
     weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact.
-    kernels: "auto" (fastest correct kernel for the device) or "reference" (pure torch).
+    kernels: "auto" (the fast kernels where they apply, else the reference; sparse_compile/dispatch.py),
+        "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
     """

@@ -7,6 +7,10 @@ sparse_compile::sqrelu_ffn(x, w1, b1, w2, b2, spec) -> (y, r_masked)
     x [..., d] -> y [..., d_out] with the activation pattern of ``spec`` (kernels/ffn_reference.py);
     r_masked [T, h] = relu(Z) * A is what backward needs (not differentiable).
 sparse_compile::sqrelu_ffn_backward(dy, x, w1, w2, r_masked) -> (dx, dw1, db1, dw2, db2)
+sparse_compile::sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec) -> (y, r_c, ids)
+    The same function for V:N:M activations on the compact operand (kernels/ffn_gather.py);
+    backward keeps r_c [T, h*4/M] and ids [T/V, h*4/M]. The rewrite picks it (dispatch.py).
+sparse_compile::sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, spec) -> (dx, dw1, db1, dw2, db2)
 """
 
 import functools
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from sparse_compile.config import parse_activation_pattern
+from sparse_compile.dispatch import DEVICES
 from sparse_compile.kernels import (
     sqrelu_ffn_backward_ref,
     sqrelu_ffn_forward_ref,
@@ -24,7 +29,6 @@ from sparse_compile.kernels import (
 )
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,6 @@ def parse_spec(spec: str) -> OpSpec:
     )
 
 
-def kernel_name(device_type: str, kernels: str) -> str:
-    """Which implementation computes a site on ``device_type`` under ``kernels``."""
-    if device_type not in DEVICES:
-        raise ValueError(f"sparse_compile: no kernels for device {device_type!r}; supported: {DEVICES}")
-    return "reference" if device_type == "cpu" else "reference (cuda)"
-
-
 def _check_inputs(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
     for name, t in (("x", x), ("w1", w1), ("w2", w2)):
         if t.dtype not in FLOAT_DTYPES:
@@ -64,7 +61,8 @@ def _check_inputs(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
         raise ValueError(
             f"sqrelu_ffn: shapes do not chain: x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}"
         )
-    kernel_name(x.device.type, "auto")
+    if x.device.type not in DEVICES:
+        raise ValueError(f"sparse_compile: no kernels for device {x.device.type!r}; supported: {DEVICES}")
 
 
 @functools.cache
@@ -178,3 +176,92 @@ def _sqrelu_ffn_backward(ctx, dy, _):
 
 
 sqrelu_ffn.register_autograd(_sqrelu_ffn_backward, setup_context=_sqrelu_ffn_setup)
+
+
+# --- the FFN, V:N:M activations on the compact operand ------------------------------------------
+
+
+def _vnm_of(spec: str, tokens: int) -> tuple[int, int, int]:
+    pattern = parse_spec(spec).activations
+    if pattern is None or tokens % pattern[0]:
+        raise ValueError(f"sqrelu_ffn_vnm: spec {spec!r} with T={tokens}: needs V:N:M activations and T % V == 0")
+    return pattern
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn_vnm", mutates_args=())
+def sqrelu_ffn_vnm(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    spec: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from sparse_compile.kernels.ffn_gather import sqrelu_ffn_forward_gather  # Triton: imported when used
+
+    _check_inputs(x, w1, w2)
+    x2 = x.reshape(-1, x.shape[-1])
+    v, n, m = _vnm_of(spec, x2.shape[0])
+    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m)
+    return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
+
+
+@sqrelu_ffn_vnm.register_fake
+def _(x, w1, b1, w2, b2, spec):
+    v, _, m = parse_spec(spec).activations
+    tokens = math.prod(x.shape[:-1])
+    kc = w1.shape[0] * 4 // m
+    return (
+        x.new_empty((*x.shape[:-1], w2.shape[0])),
+        x.new_empty((tokens, kc)),
+        x.new_empty((tokens // v, kc), dtype=torch.int32),
+    )
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn_vnm_backward", mutates_args=())
+def sqrelu_ffn_vnm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    r_c: torch.Tensor,
+    ids: torch.Tensor,
+    spec: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather
+
+    x2 = x.reshape(-1, x.shape[-1])
+    v, _, m = _vnm_of(spec, x2.shape[0])
+    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m)
+    return dx.reshape(x.shape), dw1, db1, dw2, db2
+
+
+@sqrelu_ffn_vnm_backward.register_fake
+def _(dy, x, w1, w2, r_c, ids, spec):
+    return (
+        torch.empty_like(x),
+        torch.empty_like(w1),
+        w1.new_empty(w1.shape[0]),
+        torch.empty_like(w2),
+        w2.new_empty(w2.shape[0]),
+    )
+
+
+def _sqrelu_ffn_vnm_setup(ctx, inputs, output) -> None:
+    x, w1, b1, w2, b2, spec = inputs
+    _, r_c, ids = output
+    ctx.mark_non_differentiable(r_c, ids)
+    ctx.save_for_backward(x, w1, w2, r_c, ids)
+    ctx.has_bias = (b1 is not None, b2 is not None)
+    ctx.spec = spec
+
+
+def _sqrelu_ffn_vnm_backward(ctx, dy, _r, _ids):
+    x, w1, w2, r_c, ids = ctx.saved_tensors
+    dx, dw1, db1, dw2, db2 = torch.ops.sparse_compile.sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, ctx.spec)
+    has_b1, has_b2 = ctx.has_bias
+    return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
+
+
+sqrelu_ffn_vnm.register_autograd(_sqrelu_ffn_vnm_backward, setup_context=_sqrelu_ffn_vnm_setup)

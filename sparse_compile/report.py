@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from tabulate import tabulate
 
 from sparse_compile.config import SparsityConfig
-from sparse_compile.op import kernel_name
 from sparse_compile.passes import SiteRecord
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
@@ -54,9 +53,9 @@ class Report:
         patterns = gemm_patterns(self.config)
         for r in records:
             if r.sparse:
-                self.sites.append(SiteReport(graph, r, patterns, kernel_name(r.device, self.config.kernels)))
+                self.sites.append(SiteReport(graph, r, patterns, r.kernel))
             else:
-                self.sites.append(SiteReport(graph, r, dict.fromkeys(GEMMS, "dense"), "dense (Inductor)"))
+                self.sites.append(SiteReport(graph, r, dict.fromkeys(GEMMS, "dense"), r.kernel))
 
     def extend(self, other: "Report") -> None:
         self.sites.extend(other.sites)

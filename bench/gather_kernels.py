@@ -1,0 +1,128 @@
+"""python -m bench.gather_kernels: the compact V:N:M kernels on a GPU, checked then timed per GEMM.
+
+Per (T, d, h) and pattern V:N:M (bf16): builds Z, its compact form (h_c, r_c, ids), W1 [h, d],
+W2 [d, h], dY [T, d]; checks each kernel at full size against its reference (gather GEMMs in
+fp32 through the dense scatter, max error relative to the output's scale; scatter bit-exact),
+then times (triton.testing.do_bench medians), side by side in the same run:
+  dense     the cuBLAS GEMM the kernel replaces (K or N = h)
+  ceiling   cuBLAS on the reduced size, one dense GEMM with Kc = h*4/M (what a perfect gather reaches)
+  kernel    F2/B3: gather_k_mm; B1: gather_n_mm with the dZ epilogue; plus scatter and selection
+"of ceiling" = ceiling ms / kernel ms; memory kernels are against the measured copy rate.
+"""
+
+import argparse
+import csv
+import sys
+
+import torch
+import triton.testing
+from tabulate import tabulate
+
+from bench.env import environment
+from bench.select_kernel import copy_gbps
+from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+from sparse_compile.kernels.gather_reference import gather_k_mm_ref, gather_n_mm_ref, vnm_scatter_ref
+
+SHAPES = [(16384, 2048, 8192), (16384, 4096, 16384)]
+PATTERNS = [(128, 2, 8), (128, 2, 16), (64, 2, 8)]
+
+
+def _ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
+
+
+def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    z = torch.randn(t, h, device="cuda", dtype=bf, generator=g)
+    w2t = (torch.randn(h, d, device="cuda", generator=g) * h**-0.5).to(bf)  # W2^T, contiguous [h, d]
+    w2 = w2t.t().contiguous()
+    dy = torch.randn(t, d, device="cuda", dtype=bf, generator=g)
+    h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
+    kc = h_c.shape[1]
+    checks = {
+        "F2/B3 gather_k": _rel_err(gather_k_mm(h_c, ids, w2t, v), gather_k_mm_ref(h_c, ids, w2t, v)),
+        "B1 gather_n+dZ": _rel_err(gather_n_mm(dy, w2t, ids, v, r_c), gather_n_mm_ref(dy, w2t, ids, v, r_c)),
+        "scatter": float(not torch.equal(vnm_scatter(r_c, ids, v, m), vnm_scatter_ref(r_c, ids, v, h))),
+    }
+    dense_h = torch.randn(t, h, device="cuda", dtype=bf, generator=g)
+    w2t_k = w2t[:kc].contiguous()
+    gemm = {  # name: (dense, ceiling, kernel, flops of the kernel)
+        "F2/B3 gather_k": (
+            lambda: dense_h @ w2t,
+            lambda: h_c @ w2t_k,
+            lambda: gather_k_mm(h_c, ids, w2t, v),
+            2 * t * kc * d,
+        ),
+        "B1 gather_n+dZ": (
+            lambda: dy @ w2,
+            lambda: dy @ w2t_k.t(),
+            lambda: gather_n_mm(dy, w2t, ids, v, r_c),
+            2 * t * kc * d,
+        ),
+    }
+    shape = f"{t}x{d}x{h}"
+    pattern = f"{v}:{n}:{m}"
+    rows = []
+    for name, (dense, ceiling, kernel, flops) in gemm.items():
+        ms_d, ms_c, ms_k = _ms(dense), _ms(ceiling), _ms(kernel)
+        rows.append(
+            {
+                "shape": shape, "pattern": pattern, "kernel": name, "max rel err": checks[name],
+                "ms": ms_k, "TFLOP/s": flops / ms_k / 1e9, "dense ms": ms_d, "ceiling ms": ms_c,
+                "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k,
+            }
+        )  # fmt: skip
+    memory = {  # name: (fn, bytes moved, error)
+        "scatter": (lambda: vnm_scatter(r_c, ids, v, m), t * kc * 2 + t * h * 2, checks["scatter"]),
+        "select": (lambda: vnm_select_compact(z, None, v, n, m), t * h * 2 + 2 * t * kc * 2, 0.0),
+    }
+    for name, (fn, nbytes, err) in memory.items():
+        ms_k = _ms(fn)
+        rows.append(
+            {
+                "shape": shape, "pattern": pattern, "kernel": name, "max rel err": err, "ms": ms_k,
+                "GB/s": nbytes / ms_k / 1e6, "of ceiling": nbytes / ms_k / 1e6 / copy,
+            }
+        )  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gather_kernels", description=__doc__)
+    p.add_argument("--shapes", help="T,d,h;... (default: the DESIGN.md shapes)")
+    p.add_argument("--patterns", help="V:N:M,... (default: 128:2:8,128:2:16,64:2:8)")
+    p.add_argument("--csv", help="write the rows here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    shapes = [tuple(map(int, s.split(","))) for s in args.shapes.split(";")] if args.shapes else SHAPES
+    patterns = [tuple(map(int, s.split(":"))) for s in args.patterns.split(",")] if args.patterns else PATTERNS
+    env = environment(torch.device("cuda"), "python -m bench.gather_kernels", argv)
+    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+    copy = copy_gbps()
+    print(f"measured copy: {copy:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for shape in shapes:
+        for pattern in patterns:
+            rows += bench_one(*shape, *pattern, copy)
+            print(tabulate(rows[-4:], headers="keys", floatfmt=".3f", tablefmt="github"), flush=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    print(tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3f", tablefmt="github"))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys + ["git"])
+            w.writeheader()
+            w.writerows({**r, "git": env["git"]} for r in rows)
+    bad = [r for r in rows if r["max rel err"] > 2e-2]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

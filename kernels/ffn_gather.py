@@ -1,0 +1,57 @@
+"""Squared-ReLU FFN with V:N:M activations on the compact operand (Triton kernels + cuBLAS).
+
+Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notation):
+  F1  Z = X W1^T + b1                   cuBLAS (dense; W1 arrives already 2:4-masked if configured)
+      h_c, r_c, ids = select(Z)         one memory pass (activation_select_triton.py)
+  F2  Y = h_c @ W2^T[ids] + b2          gather-K GEMM, K = h*4/M
+  B1  dZ_c = (dY @ W2^T[ids]^T) * 2 r_c gather-N GEMM with the dZ epilogue
+  B3  dX = dZ_c @ W1[ids]               gather-K GEMM
+  B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand
+  B4  dW1 = scatter(dZ_c)^T X           exact, cuBLAS
+Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+
+
+def sqrelu_ffn_forward_gather(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    v: int,
+    n: int,
+    m: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M])."""
+    z = F.linear(x, w1, b1)
+    h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
+    del z
+    y = gather_k_mm(h_c, ids, w2.t().contiguous(), v, b2)
+    return y, r_c, ids
+
+
+def sqrelu_ffn_backward_gather(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    r_c: torch.Tensor,
+    ids: torch.Tensor,
+    v: int,
+    m: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above."""
+    dz_c = gather_n_mm(dy, w2.t().contiguous(), ids, v, r_c)
+    dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
+    h = vnm_scatter(r_c, ids, v, m, square=True)
+    dw2 = dy.t() @ h
+    del h
+    dz = vnm_scatter(dz_c, ids, v, m)
+    return dx, dz.t() @ x, dz.sum(0), dw2, dy.sum(0)

@@ -1,0 +1,59 @@
+"""Which kernels compute a sparse FFN site, decided once per site at compile time.
+
+  "reference"          pure torch, masked dense math (CPU; and CUDA under kernels="reference")
+  "reference (cuda)"   the same on CUDA: masked dense cuBLAS GEMMs, no faster than dense
+  "triton gather"      V:N:M activations on the compact operand (kernels/ffn_gather.py):
+                       F2, B1, B3 on K reduced by M/4, exact B2/B4 on cuBLAS
+The gather path needs V:N:M activations with V a multiple of 16, T a known multiple of V,
+bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. Anything else
+runs the reference kernels, and the report says why. kernels="triton" forces the gather path
+wherever the pattern allows (fp32 included; on CPU only under TRITON_INTERPRET=1, for tests).
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from sparse_compile.config import SparsityConfig
+
+DEVICES = ("cpu", "cuda")
+GATHER = "triton gather"
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    kernel: str
+    gather: bool
+    why: str = ""  # why the fast path is not taken ("" when it is, or when none was asked for)
+
+
+def _reference(device_type: str, why: str = "") -> KernelPlan:
+    return KernelPlan("reference" if device_type == "cpu" else "reference (cuda)", False, why)
+
+
+def plan_kernels(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig) -> KernelPlan:
+    """The kernels of a site whose input has ``tokens`` rows (an int or a SymInt) on ``device``."""
+    if device.type not in DEVICES:
+        raise ValueError(f"sparse_compile: no kernels for device {device.type!r}; supported: {DEVICES}")
+    if config.kernels == "reference":
+        return _reference(device.type)
+    if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("sparse_compile: kernels='triton' on CPU needs TRITON_INTERPRET=1 (the Triton interpreter)")
+    if config.kernels == "auto" and device.type == "cpu":
+        return _reference("cpu")
+    pattern = config.activation_pattern
+    if pattern is None or pattern[0] == 1:
+        what = "2:4 weights alone" if pattern is None else "2:4 activations (V=1)"
+        return _reference(device.type, f"{what}: no fast kernel yet, masked dense GEMMs")
+    v = pattern[0]
+    if v % 16:
+        return _reference(device.type, f"V={v}: the gather kernels need V a multiple of 16")
+    if not statically_known_true(tokens % v == 0):
+        return _reference(device.type, f"T={tokens} is not known to be a multiple of V={v}")
+    if config.kernels == "auto" and dtype not in (torch.bfloat16, torch.float16):
+        return _reference(device.type, f"{str(dtype).removeprefix('torch.')}: the fast kernels are bf16/fp16")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return _reference(device.type, "GPU older than sm80")
+    return KernelPlan(GATHER, True)

@@ -1,0 +1,153 @@
+"""The compact V:N:M op (Triton gather kernels) against the oracle, its dispatch, and a compiled
+model on it. On CPU the kernels run in the Triton interpreter (fp32/fp16, small shapes)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import sparse_compile
+from sparse_compile import SparsityConfig, compile_reports
+from sparse_compile.dispatch import GATHER, plan_kernels
+
+from .oracle import oracle_ffn
+from .test_backend import Stack, grads, oracle_forward
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CONFIGS = {
+    "16:2:8": SparsityConfig(activations="16:2:8", kernels="triton"),
+    "32:4:16": SparsityConfig(activations="32:4:16", kernels="triton"),
+    "venom16": SparsityConfig(weights="2:4", activations="16:1:8", kernels="triton"),
+}
+
+
+def _inputs(shape, d=32, h=128, d_out=24, bias=True, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g) * scale).to(DEVICE, dtype)
+
+    return (
+        r(*shape, d),
+        r(h, d, scale=0.2),
+        r(h, scale=0.1) if bias else None,
+        r(d_out, h, scale=0.1),
+        (r(d_out) if bias else None),
+    )
+
+
+def _run_vnm(x, w1, b1, w2, b2, config):
+    named = dict(x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in named.items() if v is not None}
+    ws = [
+        torch.ops.sparse_compile.sparsify_weight(leaves[n], "2:4", 0.0) if config.weights else leaves[n]
+        for n in ("w1", "w2")
+    ]
+    y, r_c, ids = torch.ops.sparse_compile.sqrelu_ffn_vnm(
+        leaves["x"], ws[0], leaves.get("b1"), ws[1], leaves.get("b2"), config.op_spec()
+    )
+    return y, r_c, ids, leaves
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("shape, bias", [((64,), True), ((2, 32), False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_vnm_op_matches_oracle(name, shape, bias, dtype):
+    config = CONFIGS[name]
+    args = _inputs(shape, bias=bias, dtype=dtype, seed=len(shape))
+    y, r_c, ids, leaves = _run_vnm(*args, config)
+    v, n, m = config.activation_pattern
+    assert r_c.shape == (64, 128 * 4 // m) and ids.shape == (64 // v, 128 * 4 // m) and ids.dtype == torch.int32
+    assert ((r_c.reshape(64, -1, 4) != 0).sum(-1) <= n).all()  # at most N kept per row and group
+    y_ref, ref = oracle_ffn(*(a.float() if a is not None else None for a in args), config)
+    gy = torch.randn_like(y)
+    (y * gy).sum().backward()
+    (y_ref * gy.float()).sum().backward()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(y.float(), y_ref, **tol)
+    for k, leaf in leaves.items():
+        torch.testing.assert_close(leaf.grad.float(), ref[k].grad, **tol, msg=f"grad {k}")
+
+
+def test_vnm_op_registration():
+    """Fake shapes, autograd and schema agree with the real op (torch.library.opcheck)."""
+    x, w1, b1, w2, b2 = _inputs((32,), d=16, h=64, d_out=16)
+    args = (x.requires_grad_(), w1.requires_grad_(), b1, w2.requires_grad_(), b2, CONFIGS["16:2:8"].op_spec())
+    torch.library.opcheck(torch.ops.sparse_compile.sqrelu_ffn_vnm.default, args)
+
+
+def test_vnm_op_rejects_partial_block():
+    x, w1, b1, w2, b2 = _inputs((40,))
+    with pytest.raises(ValueError, match="T=40"):
+        torch.ops.sparse_compile.sqrelu_ffn_vnm(x, w1, b1, w2, b2, CONFIGS["16:2:8"].op_spec())
+
+
+def test_compiled_model_on_gather_kernels():
+    """torch.compile(backend='sparse', kernels='triton'): every site on the gather op, numbers = oracle."""
+    config = CONFIGS["16:2:8"]
+    model = Stack().to(DEVICE)
+    ref_model = Stack().to(DEVICE)
+    compiled = torch.compile(model, backend="sparse", options=dataclasses.asdict(config))
+    x = torch.randn(2, 16, 32, device=DEVICE)
+    y = compiled(x)
+    y.square().sum().backward()
+    y_ref = oracle_forward(ref_model, x, config)
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    for k, g in grads(ref_model).items():
+        torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-4, msg=k)
+    report = compile_reports()[-1]
+    assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
+    assert GATHER in str(report)
+
+
+def test_dynamic_tokens_fall_back_with_reason():
+    """Dynamic T that is not provably a multiple of V: the reference op, and the report says why."""
+    model = Stack().to(DEVICE)
+    compiled = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "triton"})
+    x = torch.randn(2, 16, 32, device=DEVICE)
+    torch._dynamo.mark_dynamic(x, 1)
+    compiled(x)
+    sites = compile_reports()[-1].sparse_sites
+    assert sites and all(s.kernel.startswith("reference") for s in sites)
+    assert all("not known to be a multiple of V=16" in s.record.reason for s in sites)
+
+
+def test_dynamic_batch_keeps_gather():
+    """Dynamic batch over a fixed sequence of 16: T = 16 * s0 is provably a multiple of V=16."""
+    model = Stack().to(DEVICE)
+    compiled = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "triton"})
+    x = torch.randn(2, 16, 32, device=DEVICE)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled(x)
+    compiled(torch.randn(3, 16, 32, device=DEVICE))
+    assert [s.kernel for s in compile_reports()[-1].sparse_sites] == [GATHER, GATHER]
+
+
+@pytest.mark.parametrize(
+    "config, dtype, tokens, kernel, why",
+    [
+        (SparsityConfig(activations="64:2:8"), torch.bfloat16, 128, "reference", ""),
+        (SparsityConfig(activations="64:2:8", kernels="reference"), torch.bfloat16, 128, "reference", ""),
+        (SparsityConfig(activations="2:4", kernels="triton"), torch.float16, 128, "reference", "2:4 activations"),
+        (SparsityConfig(weights="2:4", kernels="triton"), torch.float16, 128, "reference", "2:4 weights alone"),
+        (SparsityConfig(activations="8:2:8", kernels="triton"), torch.float16, 128, "reference", "V=8"),
+        (SparsityConfig(activations="64:2:8", kernels="triton"), torch.float16, 96, "reference", "T=96"),
+        (SparsityConfig(activations="64:2:8", kernels="triton"), torch.float32, 128, GATHER, ""),
+    ],
+)
+def test_plan_on_cpu(config, dtype, tokens, kernel, why):
+    plan = plan_kernels(torch.device("cpu"), dtype, tokens, config)
+    assert plan.kernel == kernel and plan.gather == (kernel == GATHER) and why in plan.why
+
+
+def test_triton_on_cpu_needs_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        plan_kernels(torch.device("cpu"), torch.float16, 128, SparsityConfig(activations="64:2:8", kernels="triton"))
+
+
+def test_kernels_option_is_validated():
+    with pytest.raises(ValueError, match="kernels='fast'"):
+        SparsityConfig(activations="64:2:8", kernels="fast")
+    assert sparse_compile.SparsityConfig(activations="64:2:8", kernels="triton").kernels == "triton"
