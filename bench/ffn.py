@@ -51,8 +51,9 @@ def median_ms(fn: Callable[[], object], device: torch.device, reps: int) -> floa
 
 
 def bench_shape(
-    t: int, d: int, h: int, dtype: torch.dtype, device: torch.device, sparsity: dict, reps: int
+    t: int, d: int, h: int, dtype: torch.dtype, device: torch.device, sparsity: dict[str, dict], reps: int
 ) -> list[dict]:
+    """Rows for one shape: the dense providers, then "sparse <label>" for each entry of ``sparsity``."""
     torch.manual_seed(0)
     base = FFN(d, h).to(device, dtype)
     nn.init.normal_(base.fc.weight, std=d**-0.5)
@@ -62,8 +63,7 @@ def bench_shape(
     providers = {
         "dense-eager": base,
         "dense-compiled": torch.compile(base),
-        "sparse": torch.compile(base, backend="sparse", options=sparsity),
-    }
+    } | {f"sparse {label}": torch.compile(base, backend="sparse", options=opts) for label, opts in sparsity.items()}
     flops = {"fwd": 4 * t * d * h, "bwd": 8 * t * d * h, "full": 12 * t * d * h}
     rows = []
     for name, model in providers.items():
@@ -89,14 +89,17 @@ def bench_shape(
                     "tflops": flops[mode] / ms[mode] / 1e9,
                 }
             )
-    best_dense = {m: min(r["ms"] for r in rows if r["mode"] == m and r["provider"] != "sparse") for m in flops}
+    best_dense = {m: min(r["ms"] for r in rows if r["mode"] == m and r["provider"].startswith("dense")) for m in flops}
     for r in rows:
         r["speedup_vs_best_dense"] = best_dense[r["mode"]] / r["ms"]
-    config = BackendOptions.parse(sparsity).config
     hidden = torch.relu(torch.randn(t, h, device=device, dtype=dtype)).square()
-    parts = {"transposable_24_mask(W1)": lambda: transposable_24_mask(base.fc.weight)}
-    if config.activation_pattern is not None:
-        parts[f"vnm_mask(H, {config.activations})"] = lambda: vnm_mask(hidden, *config.activation_pattern)
+    parts = {}
+    for opts in sparsity.values():
+        config = BackendOptions.parse(opts).config
+        if config.weights:
+            parts["transposable_24_mask(W1)"] = lambda: transposable_24_mask(base.fc.weight)
+        if config.activation_pattern is not None:
+            parts[f"vnm_mask(H, {config.activations})"] = lambda p=config.activation_pattern: vnm_mask(hidden, *p)
     for name, fn in parts.items():
         rows.append(
             {
@@ -116,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.ffn", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("--shapes", help="T,d,h;T,d,h;... (default: the DESIGN.md shapes on CUDA, a small one on CPU)")
-    p.add_argument("--sparsity", default="venom", help="preset name or JSON options of backend='sparse'")
+    p.add_argument(
+        "--sparsity",
+        action="append",
+        help="preset name or JSON options of backend='sparse'; repeat to compare several (default: venom)",
+    )
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bf16 on CUDA, fp32 on CPU")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per row")
     p.add_argument("--csv", help="write every row to this CSV file")
@@ -124,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
-        sparsity = options_from_text(args.sparsity)
-        BackendOptions.parse(sparsity)
+        sparsity = {text: options_from_text(text) for text in args.sparsity or ["venom"]}
+        for opts in sparsity.values():
+            BackendOptions.parse(opts)
         shapes = (
             [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
             if args.shapes
@@ -136,13 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     env = environment(device, "python -m bench.ffn", argv)
-    print("\n".join(f"{k}: {v}" for k, v in env.items()), f"\nsparsity: {sparsity}, dtype: {dtype}", flush=True)
+    print("\n".join(f"{k}: {v}" for k, v in env.items()), f"\nsparsity: {list(sparsity)}, dtype: {dtype}", flush=True)
     rows = []
     for shape in shapes:
         rows += bench_shape(*shape, dtype, device, sparsity, args.reps)
         torch._dynamo.reset()
     for r in rows:
-        r.update({"dtype": str(dtype).removeprefix("torch."), "sparsity": str(sparsity), **env})
+        r.update({"dtype": str(dtype).removeprefix("torch."), **env})
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

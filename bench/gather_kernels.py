@@ -4,6 +4,7 @@ Per (T, d, h) and pattern V:N:M (bf16): builds Z, its compact form (h_c, r_c, id
 W2 [d, h], dY [T, d]; checks each kernel at full size against its reference (gather GEMMs in
 fp32 through the dense scatter, max error relative to the output's scale; scatter bit-exact),
 then times (triton.testing.do_bench medians), side by side in the same run:
+  no-gather the same Triton kernel with ids = 0..Kc-1 (contiguous rows: what the gather costs)
   dense     the cuBLAS GEMM the kernel replaces (K or N = h)
   ceiling   cuBLAS on the reduced size, one dense GEMM with Kc = h*4/M (what a perfect gather reaches)
   kernel    F2/B3: gather_k_mm; B1: gather_n_mm with the dZ epilogue; plus scatter and selection
@@ -53,30 +54,33 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     }
     dense_h = torch.randn(t, h, device="cuda", dtype=bf, generator=g)
     w2t_k = w2t[:kc].contiguous()
-    gemm = {  # name: (dense, ceiling, kernel, flops of the kernel)
+    first = torch.arange(kc, device="cuda", dtype=torch.int32).expand(t // v, kc).contiguous()
+    gemm = {  # name: (dense, ceiling, kernel, kernel on the first Kc rows (no gather), flops of the kernel)
         "F2/B3 gather_k": (
             lambda: dense_h @ w2t,
             lambda: h_c @ w2t_k,
             lambda: gather_k_mm(h_c, ids, w2t, v),
+            lambda: gather_k_mm(h_c, first, w2t, v),
             2 * t * kc * d,
         ),
         "B1 gather_n+dZ": (
             lambda: dy @ w2,
             lambda: dy @ w2t_k.t(),
             lambda: gather_n_mm(dy, w2t, ids, v, r_c),
+            lambda: gather_n_mm(dy, w2t, first, v, r_c),
             2 * t * kc * d,
         ),
     }
     shape = f"{t}x{d}x{h}"
     pattern = f"{v}:{n}:{m}"
     rows = []
-    for name, (dense, ceiling, kernel, flops) in gemm.items():
-        ms_d, ms_c, ms_k = _ms(dense), _ms(ceiling), _ms(kernel)
+    for name, (dense, ceiling, kernel, no_gather, flops) in gemm.items():
+        ms_d, ms_c, ms_k, ms_n = _ms(dense), _ms(ceiling), _ms(kernel), _ms(no_gather)
         rows.append(
             {
                 "shape": shape, "pattern": pattern, "kernel": name, "max rel err": checks[name],
                 "ms": ms_k, "TFLOP/s": flops / ms_k / 1e9, "dense ms": ms_d, "ceiling ms": ms_c,
-                "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k,
+                "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k, "no-gather ms": ms_n,
             }
         )  # fmt: skip
     memory = {  # name: (fn, bytes moved, error)

@@ -1,13 +1,15 @@
 """Fused squared-ReLU V:N:M selection in Triton: Z -> compact H~, compact relu(Z), column ids.
 
-One program owns one block of V tokens x BLOCK_G groups of M hidden units. It reads its Z tile
-once, computes R = relu(Z + b) and H = R^2 (each rounded to Z's dtype, as the reference does),
-the column L1 norms of H over the V tokens (float32), keeps the 4 columns of largest norm per
-M-group (rank = #larger + #equal at a lower index), then per row the N largest of those 4
-(N rounds of argmax, ties to the left), and writes only the compact outputs.
-
-Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32 ids. At
-M=8 that is 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
+One program owns one block of V tokens x BLOCK_G groups of M hidden units, in two passes over
+its rows (ROWS at a time):
+  1. read Z, R = relu(Z + b), H = R^2 (each rounded to Z's dtype, as the reference does), and
+     sum the column L1 norms of H over the V tokens (float32); keep the 4 columns of largest norm
+     per M-group (rank = #larger + #equal at a lower index): 4 column ids c_0 < c_1 < c_2 < c_3;
+  2. read Z again (the tile was just read: it comes from L2), pick the 4 kept values per group,
+     keep per row the N largest of them (ties to the lower column), and store [ROWS, 4*BLOCK_G]
+     contiguous row segments of h_c and r_c.
+Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32 ids. At M=8,
+2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
 summed in a different order, so only norms equal to within rounding can pick differently).
 """
@@ -22,56 +24,96 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def _pick(x, j, c):
+    """x [ROWS, G, M_P] -> [ROWS, G]: x[:, g, c[g]]."""
+    return tl.sum(tl.where((j[None, :] == c[:, None])[None, :, :], x, 0.0), axis=2)
+
+
+@triton.jit
+def _four(a, b, c, d):
+    """Four [..., G] tensors -> [..., 4*G] interleaved: a0 b0 c0 d0 a1 b1 ..."""
+    x = tl.join(tl.join(a, c), tl.join(b, d))  # [..., G, 2, 2]: x[..., i, k] = (a, b, c, d)[2 i + k]
+    return tl.reshape(x, (*a.shape[:-1], a.shape[-1] * 4))
+
+
+@triton.jit
 def _vnm_select_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
-    T, F, stride_z, stride_c, stride_ids,
-    V: tl.constexpr, N: tl.constexpr, M: tl.constexpr,
-    V_P: tl.constexpr, M_P: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
+    G, stride_z, stride_c, stride_ids,
+    V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     tb = tl.program_id(0)  # token block
     g0 = tl.program_id(1) * BLOCK_G  # first M-group of this program
-    rows = tb * V + tl.arange(0, V_P)  # [V_P]
-    grp = g0 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
-    j = tl.arange(0, M_P)  # [M_P]
-    row_ok = tl.arange(0, V_P) < V
-    col_ok = (grp[:, None] < F // M) & (j[None, :] < M)  # [BLOCK_G, M_P]
-    cols = grp[:, None] * M + j[None, :]  # absolute hidden column [BLOCK_G, M_P]
-    ok = row_ok[:, None, None] & col_ok[None, :, :]
-    z = tl.load(z_ptr + rows[:, None, None] * stride_z + cols[None, :, :], mask=ok, other=0.0)
-    dtype = z.dtype
-    zf = z.to(tl.float32)
+    grp = g0 + tl.arange(0, BLOCK_G)
+    j = tl.arange(0, M_P)
+    r_idx = tl.arange(0, ROWS)
+    g_ok = grp < G
+    col_ok = g_ok[:, None] & (j[None, :] < M)  # [BLOCK_G, M_P]
+    cols = grp[:, None] * M + j[None, :]  # absolute hidden column
+    dtype = z_ptr.dtype.element_ty
     if HAS_BIAS:
-        zf = zf + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :, :]
-    r = tl.maximum(zf.to(dtype).to(tl.float32), 0.0)  # relu(z + b), rounded to z's dtype
-    h = tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0)  # H = R^2 rounded; padding adds 0 to norms
+        bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
 
-    # 4 columns of largest norm per group; a column is "behind" each larger or equal-and-left one.
-    norms = tl.where(col_ok, tl.sum(h, axis=0), float("-inf"))  # [BLOCK_G, M_P]
+    # pass 1: column norms of H over the block's V tokens
+    norms = tl.zeros((BLOCK_G, M_P), dtype=tl.float32)
+    for r0 in range(0, V, ROWS):
+        rows = tb * V + r0 + r_idx
+        ok = ((r0 + r_idx) < V)[:, None, None] & col_ok[None, :, :]
+        z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
+        zf = z.to(tl.float32)
+        if HAS_BIAS:
+            zf = zf + bias[None, :, :]
+        r = tl.maximum(zf.to(dtype).to(tl.float32), 0.0)
+        norms += tl.sum(tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0), axis=0)
+
+    # the 4 columns of largest norm per group; a column is "behind" each larger or equal-and-left one
+    norms = tl.where(col_ok, norms, float("-inf"))
+    left = j[None, None, :] < j[None, :, None]  # [1, M_P(this), M_P(other)]: other is left of this
     a = norms[:, :, None]
     b = norms[:, None, :]
-    left = j[None, None, :] < j[None, :, None]  # [1, M_P(this), M_P(other)]: other is left of this
-    rank = tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2)
-    chosen = (rank < 4) & col_ok  # [BLOCK_G, M_P]
+    chosen = (tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2) < 4) & col_ok
     pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)  # place among the group's 4
+    c0 = tl.sum(tl.where(chosen & (pos == 0), j[None, :], 0), axis=1)  # [BLOCK_G], ascending
+    c1 = tl.sum(tl.where(chosen & (pos == 1), j[None, :], 0), axis=1)
+    c2 = tl.sum(tl.where(chosen & (pos == 2), j[None, :], 0), axis=1)
+    c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
+    out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)  # compact columns of this program
+    out_ok = out < G * 4
+    ids = _four(c0, c1, c2, c3) + (out // 4) * M
+    tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, ids.to(tl.int32), mask=out_ok)
 
-    if N == 4:
-        keep = chosen[None, :, :] & row_ok[:, None, None]
-    else:
-        vals = tl.where(chosen[None, :, :], h, float("-inf"))
-        keep = tl.zeros([V_P, BLOCK_G, M_P], dtype=tl.int1)
-        for _ in tl.static_range(N):
-            best = tl.argmax(vals, axis=2, tie_break_left=True)  # [V_P, BLOCK_G]
-            hit = j[None, None, :] == best[:, :, None]
-            keep = keep | hit
-            vals = tl.where(hit, float("-inf"), vals)
-        keep = keep & chosen[None, :, :]
-
-    out = grp[None, :, None] * 4 + pos[None, :, :]  # compact column [1, BLOCK_G, M_P]
-    where = chosen[None, :, :] & row_ok[:, None, None]
-    dst = rows[:, None, None] * stride_c + out
-    tl.store(hc_ptr + dst, tl.where(keep, h, 0.0).to(dtype), mask=where)
-    tl.store(rc_ptr + dst, tl.where(keep, r, 0.0).to(dtype), mask=where)
-    tl.store(ids_ptr + tb * stride_ids + grp[:, None] * 4 + pos, cols.to(tl.int32), mask=chosen)
+    # pass 2: the kept values, the in-row choice among them, contiguous stores
+    for r0 in range(0, V, ROWS):
+        rows = tb * V + r0 + r_idx
+        row_ok = (r0 + r_idx) < V
+        ok = row_ok[:, None, None] & col_ok[None, :, :]
+        z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
+        zf = z.to(tl.float32)
+        if HAS_BIAS:
+            zf = zf + bias[None, :, :]
+        r = tl.maximum(zf.to(dtype).to(tl.float32), 0.0)  # [ROWS, BLOCK_G, M_P]
+        r0_, r1_, r2_, r3_ = _pick(r, j, c0), _pick(r, j, c1), _pick(r, j, c2), _pick(r, j, c3)
+        h0 = (r0_ * r0_).to(dtype).to(tl.float32)
+        h1 = (r1_ * r1_).to(dtype).to(tl.float32)
+        h2 = (r2_ * r2_).to(dtype).to(tl.float32)
+        h3 = (r3_ * r3_).to(dtype).to(tl.float32)
+        if N == 4:
+            k0 = h0 == h0
+            k1 = k0
+            k2 = k0
+            k3 = k0
+        else:  # keep the N of largest rank (value descending, then column ascending)
+            k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
+            k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
+            k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
+            k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
+        hc = _four(tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0))
+        rc = _four(tl.where(k0, r0_, 0.0), tl.where(k1, r1_, 0.0), tl.where(k2, r2_, 0.0), tl.where(k3, r3_, 0.0))
+        dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
+        mask = row_ok[:, None] & out_ok[None, :]
+        tl.store(hc_ptr + dst, hc.to(dtype), mask=mask)
+        tl.store(rc_ptr + dst, rc.to(dtype), mask=mask)
 
 
 def vnm_select_compact(
@@ -92,13 +134,14 @@ def vnm_select_compact(
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)
     r_c = torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
-    v_p, m_p = triton.next_power_of_2(v), triton.next_power_of_2(m)
-    if block_g is None:  # about 4K elements of Z per program
-        block_g = max(1, min(triton.next_power_of_2(f // m), 4096 // (v_p * m_p)))
+    m_p = triton.next_power_of_2(m)
+    if block_g is None:  # 256 hidden columns per program: 512-byte row segments in bf16
+        block_g = max(1, min(triton.next_power_of_2(f // m), 256 // m_p))
+    rows = max(1, min(triton.next_power_of_2(v), 4096 // (block_g * m_p)))
     grid = (t // v, triton.cdiv(f // m, block_g))
     _vnm_select_kernel[grid](
         z, bias if bias is not None else z, h_c, r_c, ids,
-        t, f, z.stride(0), h_c.stride(0), ids.stride(0),
-        V=v, N=n, M=m, V_P=v_p, M_P=m_p, BLOCK_G=block_g, HAS_BIAS=bias is not None,
+        f // m, z.stride(0), h_c.stride(0), ids.stride(0),
+        V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None,
     )  # fmt: skip
     return h_c, r_c, ids

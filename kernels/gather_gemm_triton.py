@@ -29,6 +29,7 @@ else:  # Hopper/Ampere bf16/fp16: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
         for bm, bn, bk, s, w in [
             (128, 256, 64, 3, 8),
+            (128, 256, 64, 4, 8),
             (128, 128, 64, 4, 8),
             (128, 128, 64, 4, 4),
             (128, 128, 128, 3, 8),

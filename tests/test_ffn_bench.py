@@ -5,10 +5,12 @@ import sys
 def test_ffn_bench_smoke_on_cpu(tmp_path):
     out = tmp_path / "rows.csv"
     cmd = [sys.executable, "-m", "bench.ffn", "--shapes", "128,32,128", "--reps", "2", "--csv", str(out)]
+    cmd += ["--sparsity", "venom", "--sparsity", '{"activations": "16:2:8"}']
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = out.read_text().splitlines()
-    assert len(lines) == 1 + 3 * 3 + 2  # header, 3 providers x 3 modes, 2 mask parts
+    assert len(lines) == 1 + 4 * 3 + 3  # header, 4 providers x 3 modes, 3 mask parts
+    assert any(line.startswith('128x32x128,"sparse {""activations"": ""16:2:8""}",full') for line in lines)
     assert "speedup_vs_best_dense" in done.stdout and "git" in lines[0]
     bad = subprocess.run([sys.executable, "-m", "bench.ffn", "--shapes", "1,2"], capture_output=True, text=True)
     assert bad.returncode != 0 and "T,d,h" in bad.stderr

@@ -12,6 +12,7 @@ from sparse_compile.dispatch import GATHER, plan_kernels
 
 from .oracle import oracle_ffn
 from .test_backend import Stack, grads, oracle_forward
+from .test_op import run_op
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = {
@@ -52,21 +53,23 @@ def _run_vnm(x, w1, b1, w2, b2, config):
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("shape, bias", [((64,), True), ((2, 32), False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_vnm_op_matches_oracle(name, shape, bias, dtype):
+def test_vnm_op_matches_reference(name, shape, bias, dtype):
+    """fp32: against the oracle. fp16: against the reference op in fp16, which computes the same Z and
+    so the same masks (an fp32 oracle rounds H differently and may pick other columns at near-ties)."""
     config = CONFIGS[name]
     args = _inputs(shape, bias=bias, dtype=dtype, seed=len(shape))
     y, r_c, ids, leaves = _run_vnm(*args, config)
     v, n, m = config.activation_pattern
     assert r_c.shape == (64, 128 * 4 // m) and ids.shape == (64 // v, 128 * 4 // m) and ids.dtype == torch.int32
     assert ((r_c.reshape(64, -1, 4) != 0).sum(-1) <= n).all()  # at most N kept per row and group
-    y_ref, ref = oracle_ffn(*(a.float() if a is not None else None for a in args), config)
+    y_ref, ref = oracle_ffn(*args, config) if dtype == torch.float32 else run_op(*args, config)
     gy = torch.randn_like(y)
     (y * gy).sum().backward()
-    (y_ref * gy.float()).sum().backward()
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(y.float(), y_ref, **tol)
+    (y_ref * gy).sum().backward()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(y, y_ref, **tol)
     for k, leaf in leaves.items():
-        torch.testing.assert_close(leaf.grad.float(), ref[k].grad, **tol, msg=f"grad {k}")
+        torch.testing.assert_close(leaf.grad, ref[k].grad, **tol)
 
 
 def test_vnm_op_registration():
