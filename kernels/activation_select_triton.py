@@ -31,9 +31,9 @@ def _pick(x, j, c):
 
 @triton.jit
 def _four(a, b, c, d):
-    """Four [..., G] tensors -> [..., 4*G] interleaved: a0 b0 c0 d0 a1 b1 ..."""
-    x = tl.join(tl.join(a, c), tl.join(b, d))  # [..., G, 2, 2]: x[..., i, k] = (a, b, c, d)[2 i + k]
-    return tl.reshape(x, (*a.shape[:-1], a.shape[-1] * 4))
+    """Four [ROWS, G] tensors -> [ROWS, 4*G] interleaved: a0 b0 c0 d0 a1 b1 ..."""
+    x = tl.join(tl.join(a, c), tl.join(b, d))  # [ROWS, G, 2, 2]: x[..., i, k] = (a, b, c, d)[2 i + k]
+    return tl.reshape(x, (a.shape[0], a.shape[1] * 4))
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def _vnm_select_kernel(
     c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
     out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)  # compact columns of this program
     out_ok = out < G * 4
-    ids = _four(c0, c1, c2, c3) + (out // 4) * M
+    ids = tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * BLOCK_G,)) + (out // 4) * M
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, ids.to(tl.int32), mask=out_ok)
 
     # pass 2: the kept values, the in-row choice among them, contiguous stores
