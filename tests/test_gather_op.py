@@ -139,7 +139,8 @@ def test_dynamic_batch_keeps_gather():
         (SparsityConfig(activations="64:2:8", kernels="triton"), torch.float32, 128, GATHER, ""),
     ],
 )
-def test_plan_on_cpu(config, dtype, tokens, kernel, why):
+def test_plan_on_cpu(config, dtype, tokens, kernel, why, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernels="triton" on CPU tensors needs the interpreter
     plan = plan_kernels(torch.device("cpu"), dtype, tokens, config)
     assert plan.kernel == kernel and plan.gather == (kernel == GATHER) and why in plan.why
 
