@@ -8,6 +8,8 @@ The gather path needs V:N:M activations with V a multiple of 16, T a known multi
 bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. Anything else
 runs the reference kernels, and the report says why. kernels="triton" forces the gather path
 wherever the pattern allows (fp32 included; on CPU only under TRITON_INTERPRET=1, for tests).
+2:4 weight masks on CUDA always come from the Triton kernel (kernels/weight_mask_triton.py), which
+gives the reference's answer, so it is not a choice here.
 """
 
 import os

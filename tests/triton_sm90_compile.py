@@ -17,6 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
+from sparse_compile.kernels import weight_mask_triton as wmask  # noqa: E402
 
 
 def _sig(names: str, constexprs: dict, types: dict) -> dict:
@@ -36,6 +37,11 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
     cases.append(("scatter", scatter._scatter_kernel, _sig(names, ce, types), ce))
+    ce = {"TILES": 32, "P": 128, "NUM_PATTERNS": 90, "WRITE_MASK": True}
+    names = "w_ptr out_ptr mask_ptr p_ptr bits_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m "
+    names += "TILES P NUM_PATTERNS WRITE_MASK"
+    types = {"w_ptr": "*fp32", "out_ptr": "*fp32", "mask_ptr": "*i8", "p_ptr": "*fp64", "bits_ptr": "*i8"}
+    cases.append(("transposable 2:4", wmask._transposable_24_kernel, _sig(names, ce, types), ce))
     for cfg in gemm._CONFIGS[:2]:  # the language is the same in every config; two tile shapes
         ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False)
         names = "c_ptr ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
