@@ -28,11 +28,36 @@ def copy_gbps() -> float:
     return 2 * src.numel() * 2 / ms / 1e6
 
 
+def sweep(t: int, h: int, ceiling: float) -> list[dict]:
+    """Time the tilings of the selection kernel (outputs checked exact against the default tiling)."""
+    z = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for v, n, m in [(128, 2, 16), (64, 2, 8), (128, 2, 8)]:
+        want = vnm_select_compact(z, None, v, n, m)
+        nbytes = t * h * 2 + 2 * t * h * 4 // m * 2 + (t // v) * h * 4 // m * 4
+        for block_g in (512 // m, 256 // m, 128 // m, 64 // m):
+            for rows in (4, 8, 16, 32):
+                for warps in (4, 8):
+                    if block_g * m * rows > 16384:
+                        continue
+                    call = (z, None, v, n, m, block_g, rows, warps)
+                    exact = all(torch.equal(a, b) for a, b in zip(vnm_select_compact(*call), want, strict=True))
+                    ms = triton.testing.do_bench(lambda c=call: vnm_select_compact(*c), return_mode="median")
+                    out.append(
+                        {
+                            "pattern": f"{v}:{n}:{m}", "block_g": block_g, "rows": rows, "warps": warps,
+                            "exact": exact, "ms": ms, "of copy": nbytes / ms / 1e6 / ceiling,
+                        }
+                    )  # fmt: skip
+    return sorted(out, key=lambda r: (r["pattern"], r["ms"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.select_kernel", description=__doc__)
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--hidden", default="8192,16384", help="comma-separated hidden sizes")
     p.add_argument("--csv", help="write the rows here")
+    p.add_argument("--sweep", action="store_true", help="also time tilings (block_g, rows, num_warps) at the largest h")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -69,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
+    if args.sweep:
+        print(tabulate(sweep(t, h, ceiling), headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -117,9 +117,20 @@ def _vnm_select_kernel(
 
 
 def vnm_select_compact(
-    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, block_g: int | None = None
+    z: torch.Tensor,
+    bias: torch.Tensor | None,
+    v: int,
+    n: int,
+    m: int,
+    block_g: int | None = None,
+    rows: int | None = None,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes."""
+    """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
+
+    Tiling (powers of two; the defaults are what bench/select_kernel.py measured): ``block_g`` M-groups
+    per program, ``rows`` token rows per step of each pass, ``num_warps``.
+    """
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"vnm_select_compact: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
     _check(z, v, n, m)
@@ -137,11 +148,12 @@ def vnm_select_compact(
     m_p = triton.next_power_of_2(m)
     if block_g is None:  # 256 hidden columns per program: 512-byte row segments in bf16
         block_g = max(1, min(triton.next_power_of_2(f // m), 256 // m_p))
-    rows = max(1, min(triton.next_power_of_2(v), 4096 // (block_g * m_p)))
+    if rows is None:
+        rows = max(1, min(triton.next_power_of_2(v), 4096 // (block_g * m_p)))
     grid = (t // v, triton.cdiv(f // m, block_g))
     _vnm_select_kernel[grid](
         z, bias if bias is not None else z, h_c, r_c, ids,
         f // m, z.stride(0), h_c.stride(0), ids.stride(0),
-        V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None,
+        V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None, num_warps=num_warps,
     )  # fmt: skip
     return h_c, r_c, ids

@@ -37,7 +37,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
     cases.append(("scatter", scatter._scatter_kernel, _sig(names, ce, types), ce))
-    ce = {"TILES": 32, "P": 128, "NUM_PATTERNS": 90, "WRITE_MASK": True}
+    ce = {"TILES": 64, "P": 128, "NUM_PATTERNS": 90, "WRITE_MASK": True}
     names = "w_ptr out_ptr mask_ptr p_ptr bits_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m "
     names += "TILES P NUM_PATTERNS WRITE_MASK"
     types = {"w_ptr": "*fp32", "out_ptr": "*fp32", "mask_ptr": "*i8", "p_ptr": "*fp64", "bits_ptr": "*i8"}
