@@ -2,9 +2,10 @@
 
 One program scores TILES 4x4 tiles of W against all 90 patterns (padded to 128) as the reference
 does: |W| tiles [TILES, 16] @ patterns [16, 128] in float64 (tl.dot, fp64 accumulate). For
-bf16/fp16 weights the float64 sums of 8 values are exact, so the summation order cannot matter and the result is bit-identical to the reference (for fp32 weights, exact unless
-one tile's magnitudes span more than ~2^26). Best pattern = first maximum in the reference's
-pattern order (argmax, ties to the left); then W~ = W * mask is written, and the mask if asked.
+bf16/fp16 weights the float64 sums of 8 values are exact, so the summation order cannot matter
+and the result is bit-identical to the reference (for fp32 weights, exact unless one tile's
+magnitudes span more than ~2^26). Best pattern = first maximum in the reference's pattern order
+(argmax, ties to the left); then W~ = W * mask is written, and the mask if asked.
 
 Cost: 16 x 128 float64 multiply-adds per tile (128 per weight): 8.6 G at 16384x4096. As 128
 separate broadcast FMAs per position this ran at 5.4 ms on an H100 (1.45x the torch route);
