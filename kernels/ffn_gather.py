@@ -54,4 +54,7 @@ def sqrelu_ffn_backward_gather(
     dw2 = dy.t() @ h
     del h
     dz = vnm_scatter(dz_c, ids, v, m)
-    return dx, dz.t() @ x, dz.sum(0), dw2, dy.sum(0)
+    # db1 from the compact dZ: per-block column sums, added at their columns (reads T*Kc, not T*h)
+    sums = dz_c.view(-1, v, dz_c.shape[1]).sum(1, dtype=torch.float32)
+    db1 = torch.zeros(w1.shape[0], device=dy.device, dtype=torch.float32).index_add_(0, ids.flatten(), sums.flatten())
+    return dx, dz.t() @ x, db1.to(dy.dtype), dw2, dy.sum(0)
