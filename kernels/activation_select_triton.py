@@ -146,10 +146,12 @@ def vnm_select_compact(
     r_c = torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     m_p = triton.next_power_of_2(m)
-    if block_g is None:  # 256 hidden columns per program: 512-byte row segments in bf16
-        block_g = max(1, min(triton.next_power_of_2(f // m), 256 // m_p))
+    # Defaults from the H100 sweep (bench/RESULTS.md): 64 hidden columns x 16 rows per step was the
+    # best or within 10% of it for 128:2:16, 128:2:8 and 64:2:8 (256 x 16 was 1.2-1.6x slower).
+    if block_g is None:
+        block_g = max(1, min(triton.next_power_of_2(f // m), 64 // m_p))
     if rows is None:
-        rows = max(1, min(triton.next_power_of_2(v), 4096 // (block_g * m_p)))
+        rows = max(1, min(triton.next_power_of_2(v), 16))
     grid = (t // v, triton.cdiv(f // m, block_g))
     _vnm_select_kernel[grid](
         z, bias if bias is not None else z, h_c, r_c, ids,

@@ -7,7 +7,8 @@ and the result is bit-identical to the reference (for fp32 weights, exact unless
 magnitudes span more than ~2^26). Best pattern = first maximum in the reference's pattern order
 (argmax, ties to the left); then W~ = W * mask is written, and the mask if asked.
 
-Cost: 16 x 128 float64 multiply-adds per tile (128 per weight): 8.6 G at 16384x4096. As 128
+Bytes: a float32 copy of 16-bit W (see below), read it and W, write W~. Cost: 16 x 128 float64
+multiply-adds per tile (128 per weight): 8.6 G at 16384x4096. As 128
 separate broadcast FMAs per position this ran at 5.4 ms on an H100 (1.45x the torch route);
 through tl.dot it can use the fp64 tensor cores (67 TFLOP/s on H100: ~0.26 ms).
 """
@@ -34,7 +35,7 @@ def _pattern_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 @triton.jit
 def _transposable_24_kernel(
-    w_ptr, out_ptr, mask_ptr, p_ptr, bits_ptr, TILE_ROWS, TILE_COLS, stride_w, stride_o, stride_m,
+    s_ptr, w_ptr, out_ptr, mask_ptr, p_ptr, bits_ptr, TILE_ROWS, TILE_COLS, stride_s, stride_w, stride_o, stride_m,
     TILES: tl.constexpr, P: tl.constexpr, NUM_PATTERNS: tl.constexpr, WRITE_MASK: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0) * TILES + tl.arange(0, TILES)  # tile index, row-major over the tile grid
@@ -42,14 +43,16 @@ def _transposable_24_kernel(
     tc = t % TILE_COLS
     ok = (tr < TILE_ROWS)[:, None]
     k = tl.arange(0, 16)  # position in the tile, row-major
-    at = (k // 4) * stride_w + (k % 4)
-    w = tl.load(w_ptr + (tr.to(tl.int64) * 4 * stride_w + tc * 4)[:, None] + at[None, :], mask=ok, other=0.0)
+    s_at = (tr.to(tl.int64) * 4 * stride_s + tc * 4)[:, None] + ((k // 4) * stride_s + (k % 4))[None, :]
+    a = tl.abs(tl.load(s_ptr + s_at, mask=ok, other=0.0).to(tl.float64))  # s: W in float32
     p = tl.arange(0, P)
     table = tl.load(p_ptr + k[:, None] * P + p[None, :])  # [16, P] float64 0/1
-    scores = tl.dot(tl.abs(w.to(tl.float64)), table)  # [TILES, P], float64 accumulate
+    scores = tl.dot(a, table)  # [TILES, P], float64 accumulate
     scores = tl.where((p < NUM_PATTERNS)[None, :], scores, -1.0)
     best = tl.argmax(scores, axis=1, tie_break_left=True)  # first maximum, as torch.argmax
     keep = tl.load(bits_ptr + best[:, None] * 16 + k[None, :])  # [TILES, 16] int8
+    w_at = (tr.to(tl.int64) * 4 * stride_w + tc * 4)[:, None] + ((k // 4) * stride_w + (k % 4))[None, :]
+    w = tl.load(w_ptr + w_at, mask=ok, other=0.0)
     o_at = (tr.to(tl.int64) * 4 * stride_o + tc * 4)[:, None] + ((k // 4) * stride_o + (k % 4))[None, :]
     tl.store(out_ptr + o_at, w * keep.to(w.dtype), mask=ok)
     if WRITE_MASK:
@@ -73,9 +76,12 @@ def sparsify_24_triton(w: torch.Tensor, with_mask: bool = False, tiles: int = 64
     out = torch.empty_like(w, memory_format=torch.contiguous_format)
     mask = torch.empty(w.shape, dtype=torch.int8, device=w.device) if with_mask else out
     p_table, bits = _pattern_tables(w.device)
+    # Triton 3.6 cannot lower an fp64 dot whose operand was loaded as 16-bit ("fp64 don't support
+    # largeK MMA"): score a float32 copy (exact: every bf16/fp16 value is a float32).
+    s = w if w.dtype == torch.float32 else w.float()
     n_tiles = rows // 4 * (cols // 4)
     _transposable_24_kernel[(triton.cdiv(n_tiles, tiles),)](
-        w, out, mask, p_table, bits, rows // 4, cols // 4, w.stride(0), out.stride(0), mask.stride(0),
+        s, w, out, mask, p_table, bits, rows // 4, cols // 4, s.stride(0), w.stride(0), out.stride(0), mask.stride(0),
         TILES=tiles, P=_P, NUM_PATTERNS=90, WRITE_MASK=with_mask,
     )  # fmt: skip
     return (out, mask.bool()) if with_mask else out
