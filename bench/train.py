@@ -230,6 +230,7 @@ def train_one(
     tokens_per_step = args.batch_size * args.seq_len
     losses: list[float] = []
     interval_time, interval_tokens = 0.0, 0
+    first_steps = {schedule.dense_warmup_steps, schedule.dense_from_step}
     bar = tqdm(range(args.steps), desc=f"{name:>6}", disable=args.no_progress, file=sys.stderr)
     for step in bar:
         in_sparse_window = schedule.phase_at(step) == "sparse"
@@ -248,7 +249,9 @@ def train_one(
         opt.zero_grad(set_to_none=True)
         sync()
         dt = time.perf_counter() - t0
-        if step >= 2:  # steps 0-1 compile (and the first sparse step warms the kernels)
+        # Not timed: steps 0-1 (compile) and the first step of each segment (a phase switch: the
+        # first sparse step autotunes and compiles the Triton kernels, seconds on a GPU).
+        if step >= 2 and step not in first_steps:
             result.seconds[segment] += dt
             result.tokens[segment] += tokens_per_step
         interval_time += dt
@@ -375,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(r.rows)
     plot(results, schedule, args.steps, out / "loss.png")
     table = summary_table(results)
+    if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)
+        table += "\n\n" + "\n".join(str(r) for r in sparse_compile.compile_reports() if r.sites)
     (out / "summary.txt").write_text(f"{header}\n\n{table}\n")
     print(f"\n{table}\n\nwrote {out / 'log.csv'}, {out / 'loss.png'}, {out / 'summary.txt'}")
     return 0
