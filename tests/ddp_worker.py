@@ -1,4 +1,4 @@
-"""One rank of the 2-process DDP check (gloo, CPU): trains 10 steps, writes its losses and report."""
+"""One rank of the 2-process DDP / FSDP2 check (gloo, CPU): trains 10 steps, writes its losses and report."""
 
 import json
 import os
@@ -34,13 +34,21 @@ def train(model: torch.nn.Module, compiled, rank: int, world: int) -> list[float
     return losses
 
 
-def main(rank: int, world: int, port: str, out: str, optimize_ddp: bool, bucket_mb: float) -> None:
+def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bool, bucket_mb: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch._dynamo.config.optimize_ddp = optimize_ddp
     torch.manual_seed(0)
     model = GPT(CFG)
-    compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=bucket_mb), backend="sparse")
+    if mode == "fsdp":  # FSDP2: one unit per block and the root; compile the sharded model
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        compiled = torch.compile(model, backend="sparse")
+    else:
+        compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=bucket_mb), backend="sparse")
     losses = train(model, compiled, rank, world)
     mean = [loss.clone() for loss in losses]
     for m in mean:  # the global-batch loss: mean over ranks
@@ -50,6 +58,7 @@ def main(rank: int, world: int, port: str, out: str, optimize_ddp: bool, bucket_
         record = {
             "losses": [m.item() / world for m in mean],
             "sparse": sum(len(r.sparse_sites) for r in reports),
+            "modules": [s.record.module for r in reports for s in r.sparse_sites],
             "dense_reasons": [s.record.reason for r in reports for s in r.dense_sites],
         }
         with open(out, "w") as f:
@@ -61,5 +70,5 @@ def main(rank: int, world: int, port: str, out: str, optimize_ddp: bool, bucket_
 
 
 if __name__ == "__main__":
-    port, out, optimize_ddp, bucket_mb = sys.argv[1], sys.argv[2], sys.argv[3] == "1", float(sys.argv[4])
-    torch.multiprocessing.spawn(main, args=(2, port, out, optimize_ddp, bucket_mb), nprocs=2)
+    port, out, mode, optimize_ddp, bucket_mb = sys.argv[1:3] + [sys.argv[3], sys.argv[4] == "1", float(sys.argv[5])]
+    torch.multiprocessing.spawn(main, args=(2, port, out, mode, optimize_ddp, bucket_mb), nprocs=2)
