@@ -3,6 +3,9 @@
 Dense: torch.compile(model). Sparse: torch.compile(model, backend="sparse") with a dense warm-up,
 a sparse phase and a dense recovery phase (PhaseSchedule). Writes log.csv (every logged point),
 loss.png (both loss curves, phase boundaries) and summary.txt (the comparison table) to --out.
+With --distributed ddp|fsdp under torchrun, every rank trains its own batches (--batch-size per
+rank), phases flip on every rank at the same step, and rank 0 writes the outputs; tokens/s count
+all ranks.
 """
 
 import argparse
@@ -19,6 +22,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 import sparse_compile
+from bench import distributed
 from bench.data import Batches, Corpus
 from bench.env import environment
 from bench.model import GPT, SIZES
@@ -87,6 +91,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/train", help="folder for log.csv, loss.png and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--distributed",
+        choices=distributed.MODES,
+        default="none",
+        help="ddp or fsdp (FSDP2): launch with torchrun --nproc-per-node N -m bench.train ...",
+    )
     args = p.parse_args(argv)
 
     if args.device == "auto":
@@ -147,9 +157,10 @@ class Health:
     since the previous probe.
     """
 
-    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None) -> None:
+    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False) -> None:
         self.model = model
         self.pattern = pattern
+        self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
     @torch.no_grad()
@@ -174,7 +185,8 @@ class Health:
                     f.sum().item() for f in flat
                 )
         flips = math.nan
-        masks = [transposable_24_mask(w) for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+        weights = [w for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+        masks = [transposable_24_mask(distributed.full(w) if self.sharded else w) for w in weights]
         if self.previous is not None:
             flips = sum((a != b).sum().item() for a, b in zip(masks, self.previous, strict=True)) / sum(
                 m.numel() for m in masks
@@ -195,21 +207,28 @@ def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=args.device == "cuda")
+    fused = args.device == "cuda" and args.distributed != "fsdp"  # FSDP2's DTensor shards: the default path
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=fused)
 
 
 def train_one(
-    name: str, args: argparse.Namespace, corpus: Corpus, schedule: sparse_compile.PhaseSchedule, val_batches: list
+    name: str,
+    args: argparse.Namespace,
+    corpus: Corpus,
+    schedule: sparse_compile.PhaseSchedule,
+    val_batches: list,
+    d: distributed.Dist,
 ) -> RunResult:
-    device = torch.device(args.device)
+    device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     torch.manual_seed(args.seed)
     model = GPT(SIZES[args.size]).to(device)
+    wrapped = distributed.wrap(model, d)
     if name == "dense":
-        compiled = torch.compile(model)
+        compiled = torch.compile(wrapped)
     else:
-        compiled = torch.compile(model, backend="sparse", options=args.options)
+        compiled = torch.compile(wrapped, backend="sparse", options=args.options)
     opt = _optimizer(model, args)
-    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=args.seed + 1)
+    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=args.seed + 1 + 1000 * d.rank)
     gpu = device.type == "cuda"
 
     def autocast():
@@ -223,15 +242,15 @@ def train_one(
         with torch.no_grad(), autocast():
             return sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
 
-    health = Health(model, args.config.activation_pattern)
+    health = Health(model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp")
     result = RunResult(name)
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)
-    tokens_per_step = args.batch_size * args.seq_len
+    tokens_per_step = args.batch_size * args.seq_len * d.world
     losses: list[float] = []
     interval_time, interval_tokens = 0.0, 0
     first_steps = {schedule.dense_warmup_steps, schedule.dense_from_step}
-    bar = tqdm(range(args.steps), desc=f"{name:>6}", disable=args.no_progress, file=sys.stderr)
+    bar = tqdm(range(args.steps), desc=f"{name:>6}", disable=args.no_progress or not d.main, file=sys.stderr)
     for step in bar:
         in_sparse_window = schedule.phase_at(step) == "sparse"
         segment = "sparse" if in_sparse_window else ("warmup" if step < schedule.dense_warmup_steps else "final")
@@ -265,9 +284,9 @@ def train_one(
                 "segment": segment,
                 "phase": phase,
                 "lr": _lr(step, args),
-                "loss": sum(losses) / len(losses),
+                "loss": distributed.mean(sum(losses) / len(losses), d, device),
                 "val_loss": "",
-                "tokens_per_s": interval_tokens / interval_time,
+                "tokens_per_s": interval_tokens / distributed.mean(interval_time, d, device),
             }
             if (step + 1) % args.eval_every == 0 or last:
                 row["val_loss"] = evaluate()
@@ -354,34 +373,45 @@ def plot(results: dict[str, RunResult], schedule: sparse_compile.PhaseSchedule, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    d = distributed.setup(args.distributed, args.device)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     env = environment(torch.device(args.device), "python -m bench.train", argv)
-    corpus = Corpus.load(args.data_dir)
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        corpus = Corpus.load(args.data_dir)  # builds the cache once, before the other ranks read it
+    if d.world > 1:
+        torch.distributed.barrier()
+    if not d.main:
+        corpus = Corpus.load(args.data_dir)
     schedule = sparse_compile.PhaseSchedule.from_fractions(args.steps, args.warmup_frac, args.final_dense_frac)
     val = Batches(corpus.val, args.batch_size, args.seq_len, seed=args.seed + 2)
     val_batches = [val.next(args.device) for _ in range(args.eval_iters)]
     header = (
         f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "
-        f"{args.batch_size}x{args.seq_len} tokens; corpus {corpus.n_files} files of {corpus.source} "
+        f"{args.batch_size}x{args.seq_len} tokens"
+        + (f" per rank x {d.world} ranks ({d.mode})" if d.world > 1 else "")
+        + f"; corpus {corpus.n_files} files of {corpus.source} "
         f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
         f"sparse: {args.config}; schedule: dense steps [0, {schedule.dense_warmup_steps}), sparse "
         f"[{schedule.dense_warmup_steps}, {schedule.dense_from_step}), dense after\n"
         + "\n".join(f"{k}: {v}" for k, v in env.items())
     )
-    print(header, flush=True)
-    results = {name: train_one(name, args, corpus, schedule, val_batches) for name in args.runs}
-    with open(out / "log.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in results.values():
-            writer.writerows(r.rows)
-    plot(results, schedule, args.steps, out / "loss.png")
-    table = summary_table(results)
-    if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)
-        table += "\n\n" + "\n".join(str(r) for r in sparse_compile.compile_reports() if r.sites)
-    (out / "summary.txt").write_text(f"{header}\n\n{table}\n")
-    print(f"\n{table}\n\nwrote {out / 'log.csv'}, {out / 'loss.png'}, {out / 'summary.txt'}")
+    if d.main:
+        print(header, flush=True)
+    results = {name: train_one(name, args, corpus, schedule, val_batches, d) for name in args.runs}
+    if d.main:
+        with open(out / "log.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            for r in results.values():
+                writer.writerows(r.rows)
+        plot(results, schedule, args.steps, out / "loss.png")
+        table = summary_table(results)
+        if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)
+            table += "\n\n" + "\n".join(str(r) for r in sparse_compile.compile_reports() if r.sites)
+        (out / "summary.txt").write_text(f"{header}\n\n{table}\n")
+        print(f"\n{table}\n\nwrote {out / 'log.csv'}, {out / 'loss.png'}, {out / 'summary.txt'}")
+    distributed.teardown(d)
     return 0
 
 

@@ -73,3 +73,23 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
     model = GPT(CFG)
     dense = torch.stack(train(model, torch.compile(model), rank=0, world=1))
     assert (dense - single).abs().max() > 1e-3  # the comparison can tell sparse from dense
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_train_script_under_torchrun(tmp_path, mode):
+    """torchrun --nproc-per-node 2 -m bench.train --distributed MODE: every FFN sparse, rank 0 writes."""
+    out = tmp_path / mode
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port()]
+    cmd += ["-m", "bench.train", "--distributed", mode, "--runs", "sparse", "--steps", "4", "--batch-size", "2"]
+    cmd += ["--seq-len", "64", "--log-every", "2", "--eval-every", "4", "--eval-iters", "1", "--no-progress"]
+    cmd += ["--out", str(out)]
+    log = tmp_path / f"{mode}.log"
+    with open(log, "w") as f:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    text = log.read_text()
+    assert done.returncode == 0, text[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert "per rank x 2 ranks" in summary and " 0 dense " in summary and "sparse FFN site(s)" in summary
+    assert text.count("wrote ") == 1  # rank 0 only
+    rows = (out / "log.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 and rows[1].startswith("sparse,2,")
