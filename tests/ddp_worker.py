@@ -20,17 +20,26 @@ def batches(steps: int) -> list[torch.Tensor]:
     return [torch.randint(0, 256, (GLOBAL_BATCH, SEQ + 1), generator=g) for _ in range(steps)]
 
 
-def train(model: torch.nn.Module, compiled, rank: int, world: int) -> list[float]:
+# dense warm-up, sparse, dense recovery: flipped on every rank at the same step
+PHASES = ["dense"] * 2 + ["sparse"] * 6 + ["dense"] * 2
+
+
+def train(model: torch.nn.Module, compiled, rank: int, world: int, graphs: list[int] | None = None) -> list[float]:
+    """Train STEPS steps through PHASES; ``graphs`` collects Dynamo's graph count after each step."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     per_rank = GLOBAL_BATCH // world
-    for idx in batches(STEPS):
+    for idx, phase in zip(batches(STEPS), PHASES, strict=True):
+        sparse_compile.set_phase(phase)
         idx = idx[rank * per_rank : (rank + 1) * per_rank]
         _, loss = compiled(idx[:, :-1], idx[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.detach())
+        if graphs is not None:
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    sparse_compile.set_phase("sparse")
     return losses
 
 
@@ -49,7 +58,10 @@ def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bo
         compiled = torch.compile(model, backend="sparse")
     else:
         compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=bucket_mb), backend="sparse")
-    losses = train(model, compiled, rank, world)
+    graphs: list[int] = []
+    losses = train(model, compiled, rank, world, graphs)
+    every_rank: list = [None] * world
+    dist.all_gather_object(every_rank, graphs)
     mean = [loss.clone() for loss in losses]
     for m in mean:  # the global-batch loss: mean over ranks
         dist.all_reduce(m)
@@ -59,6 +71,7 @@ def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bo
             "losses": [m.item() / world for m in mean],
             "sparse": sum(len(r.sparse_sites) for r in reports),
             "modules": [s.record.module for r in reports for s in r.sparse_sites],
+            "graphs_per_rank": every_rank,
             "dense_reasons": [s.record.reason for r in reports for s in r.dense_sites],
         }
         with open(out, "w") as f:

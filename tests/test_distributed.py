@@ -49,6 +49,14 @@ def test_ddp_without_graph_split_keeps_every_site_sparse_and_matches_one_process
     single = train(model, torch.compile(model, backend="sparse"), rank=0, world=1)
     # same global batch per step; V=64 token blocks coincide with sequences, so masks are the same
     torch.testing.assert_close(torch.tensor(ddp["losses"]), torch.stack(single), rtol=1e-4, atol=1e-5)
+    _same_graphs_on_every_rank_and_no_recompile(ddp)
+
+
+def _same_graphs_on_every_rank_and_no_recompile(record: dict) -> None:
+    """The phase flips (dense, sparse, dense) compiled nothing after the first step, on any rank."""
+    first, *others = record["graphs_per_rank"]
+    assert all(o == first for o in others), record["graphs_per_rank"]
+    assert first[0] >= 1 and all(n == first[0] for n in first), first
 
 
 @pytest.mark.parametrize("bucket_mb", [1.0])
@@ -68,6 +76,7 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
     model = GPT(CFG)
     single = torch.stack(train(model, torch.compile(model, backend="sparse"), rank=0, world=1))
     torch.testing.assert_close(torch.tensor(fsdp["losses"]), single, rtol=1e-4, atol=1e-5)
+    _same_graphs_on_every_rank_and_no_recompile(fsdp)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(CFG)
