@@ -11,7 +11,9 @@ FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F.
 gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
 along N (resp. K), so each gathered row is a coalesced load. fp32 accumulate; fp32 inputs use
 IEEE fp32 dot (no TF32), so the kernels never change a user's precision.
-BLOCK_M must divide V (one id set per tile): the autotuner only tries those configs.
+BLOCK_M must divide V (one id set per tile): the autotuner only tries those configs. The token
+count T is not in the autotune key: a model whose batch varies (dynamic shapes) tunes once per
+layer shape, not once per batch size (tuning takes seconds).
 """
 
 import os
@@ -60,7 +62,7 @@ def _tile(T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
     return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
 
 
-@triton.autotune(configs=_CONFIGS, key=["T", "N", "KC", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(configs=_CONFIGS, key=["N", "KC", "V"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _gather_k_kernel(
     c_ptr, ids_ptr, b_ptr, bias_ptr, out_ptr,
@@ -95,7 +97,7 @@ def _gather_k_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
-@triton.autotune(configs=_CONFIGS, key=["T", "KC", "K", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(configs=_CONFIGS, key=["KC", "K", "V"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _gather_n_kernel(
     a_ptr, bt_ptr, ids_ptr, r_ptr, out_ptr,

@@ -56,6 +56,8 @@ def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bo
             fully_shard(block)
         fully_shard(model)
         compiled = torch.compile(model, backend="sparse")
+    elif mode == "ddp-inner":  # DDP around the compiled model: DDP's hooks stay outside the graph
+        compiled = DistributedDataParallel(torch.compile(model, backend="sparse"), bucket_cap_mb=bucket_mb)
     else:
         compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=bucket_mb), backend="sparse")
     graphs: list[int] = []

@@ -41,8 +41,10 @@ def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float, mode: str = "ddp") 
     return json.loads(out.read_text())
 
 
-def test_ddp_without_graph_split_keeps_every_site_sparse_and_matches_one_process(tmp_path):
-    ddp = _run_ddp(tmp_path, optimize_ddp=False, bucket_mb=1.0)
+@pytest.mark.parametrize("mode", ["ddp", "ddp-inner"])
+def test_ddp_without_graph_split_keeps_every_site_sparse_and_matches_one_process(tmp_path, mode):
+    """torch.compile(DDP(model)) with optimize_ddp=False, and DDP(torch.compile(model))."""
+    ddp = _run_ddp(tmp_path, optimize_ddp=False, bucket_mb=1.0, mode=mode)
     assert ddp["sparse"] == CFG.n_layer and ddp["dense_reasons"] == []
     torch.manual_seed(0)
     model = GPT(CFG)
