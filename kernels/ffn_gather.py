@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 
 
@@ -46,15 +47,23 @@ def sqrelu_ffn_backward_gather(
     ids: torch.Tensor,
     v: int,
     m: int,
+    weight_grad: tuple[int, int, int] | None = None,
+    dense_frac: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above."""
+    """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above.
+
+    With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation, computed by the
+    reference (masked dense math on the scattered operands: no faster than exact yet)."""
     dz_c = gather_n_mm(dy, w2.t().contiguous(), ids, v, r_c)
     dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
     h = vnm_scatter(r_c, ids, v, m, square=True)
-    dw2 = dy.t() @ h
-    del h
-    dz = vnm_scatter(dz_c, ids, v, m)
+    if weight_grad is None:
+        dw2 = dy.t() @ h
+        del h  # one dense [T, h] operand alive at a time
+        dw1 = vnm_scatter(dz_c, ids, v, m).t() @ x
+    else:
+        dw1, dw2 = weight_grads(dy, x, h, vnm_scatter(dz_c, ids, v, m), weight_grad, dense_frac)
     # db1 from the compact dZ: per-block column sums, added at their columns (reads T*Kc, not T*h)
     sums = dz_c.view(-1, v, dz_c.shape[1]).sum(1, dtype=torch.float32)
     db1 = torch.zeros(w1.shape[0], device=dy.device, dtype=torch.float32).index_add_(0, ids.flatten(), sums.flatten())
-    return dx, dz.t() @ x, db1.to(dy.dtype), dw2, dy.sum(0)
+    return dx, dw1, db1.to(dy.dtype), dw2, dy.sum(0)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_mask import vnm_mask
+from sparse_compile.kernels.weight_grad_approx import token_vnm_grad
 
 
 def sqrelu_ffn_forward_ref(
@@ -35,10 +36,33 @@ def sqrelu_ffn_forward_ref(
 
 
 def sqrelu_ffn_backward_ref(
-    dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    r_masked: torch.Tensor,
+    weight_grad: tuple[int, int, int] | None = None,
+    dense_frac: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above."""
+    """Gradients (dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
+    with ``weight_grad`` (V, N, M), dw1 and dw2 are the token-dim approximation (weight_grad_approx.py)."""
     h = r_masked * r_masked
     dh = dy @ w2
     dz = (dh.float() * (2.0 * r_masked.float())).to(dy.dtype)  # d/dz relu(z)^2 = 2 relu(z)
-    return dz @ w1, dz.t() @ x, dz.sum(0), dy.t() @ h, dy.sum(0)
+    dw1, dw2 = weight_grads(dy, x, h, dz, weight_grad, dense_frac)
+    return dz @ w1, dw1, dz.sum(0), dw2, dy.sum(0)
+
+
+def weight_grads(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    dz: torch.Tensor,
+    weight_grad: tuple[int, int, int] | None,
+    dense_frac: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dW1 = dZ^T X, dW2 = dY^T H~): exact, or the token-dim approximation of both."""
+    if weight_grad is None:
+        return dz.t() @ x, dy.t() @ h
+    dw2 = token_vnm_grad(h, dy, weight_grad, dense_frac).t().contiguous()  # the op promises contiguous grads
+    return token_vnm_grad(dz, x, weight_grad, dense_frac), dw2

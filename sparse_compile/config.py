@@ -8,9 +8,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WEIGHT_PATTERNS = ("2:4",)
-WEIGHT_GRAD_MODES = ("dense",)
+WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
 KERNEL_CHOICES = ("auto", "reference", "triton")
 _VNM_RULE = "'2:4' or 'V:N:M' with V >= 1, N in {1, 2, 4}, M a multiple of 4 and >= 4, not N=4 with M=4"
+
+
+def parse_weight_grad(value: str) -> tuple[int, int, int] | None:
+    """'dense' -> None; 'tokens:V:N:M' -> (V, N, M). Raises ValueError naming the value and the rule."""
+    err = ValueError(f"SparsityConfig.weight_grad={value!r}: expected {WEIGHT_GRAD_RULE}")
+    if value == "dense":
+        return None
+    if not isinstance(value, str) or not value.startswith("tokens:") or value.count(":") != 3:
+        raise err
+    try:
+        return parse_activation_pattern(value.removeprefix("tokens:"))
+    except ValueError:
+        raise err from None
 
 
 def parse_activation_pattern(value: str) -> tuple[int, int, int]:
@@ -39,7 +52,9 @@ class SparsityConfig:
 
     weights: None or "2:4" (transposable 2:4 magnitude mask of W1 and W2, straight-through grads).
     activations: None, "2:4" (along the hidden dim) or "V:N:M" (e.g. "64:2:8").
-    weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact.
+    weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact; or "tokens:V:N:M": their operand (H~, dZ)
+        made V:N:M-sparse along tokens (kernels/weight_grad_approx.py), an approximation.
+    weight_grad_dense_frac: with "tokens:...", the fraction of hidden units (the densest) kept exact.
     kernels: "auto" (the fast kernels where they apply, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
@@ -49,6 +64,7 @@ class SparsityConfig:
     weights: str | None = None
     activations: str | None = None
     weight_grad: str = "dense"
+    weight_grad_dense_frac: float = 0.02
     kernels: str = "auto"
     min_hidden: int = 0
     masked_decay: float = 0.0
@@ -58,8 +74,10 @@ class SparsityConfig:
             raise ValueError(f"SparsityConfig.weights={self.weights!r}: expected None or '2:4'")
         if self.activations is not None:
             parse_activation_pattern(self.activations)
-        if self.weight_grad not in WEIGHT_GRAD_MODES:
-            raise ValueError(f"SparsityConfig.weight_grad={self.weight_grad!r}: expected one of {WEIGHT_GRAD_MODES}")
+        parse_weight_grad(self.weight_grad)
+        frac = self.weight_grad_dense_frac
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+            raise ValueError(f"SparsityConfig.weight_grad_dense_frac={frac!r}: expected a float in [0, 1]")
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
         if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
@@ -87,9 +105,17 @@ class SparsityConfig:
             raise ValueError(f"SparsityConfig preset={name!r}: expected one of {sorted(PRESETS)}")
         return PRESETS[name]
 
+    @property
+    def weight_grad_pattern(self) -> tuple[int, int, int] | None:
+        """(V, N, M) of the token-dim weight-gradient pattern, or None (exact)."""
+        return parse_weight_grad(self.weight_grad)
+
     def op_spec(self) -> str:
-        """The string the custom op receives: 'weights=..;activations=..;kernels=..'."""
-        return f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels}"
+        """The string the custom op receives: 'weights=..;activations=..;kernels=..;weight_grad=..;dense_frac=..'."""
+        return (
+            f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels};"
+            f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
+        )
 
 
 PRESETS: dict[str, SparsityConfig] = {

@@ -6,7 +6,7 @@ sparse_compile::sparsify_weight(w, pattern, decay) -> w~
 sparse_compile::sqrelu_ffn(x, w1, b1, w2, b2, spec) -> (y, r_masked)
     x [..., d] -> y [..., d_out] with the activation pattern of ``spec`` (kernels/ffn_reference.py);
     r_masked [T, h] = relu(Z) * A is what backward needs (not differentiable).
-sparse_compile::sqrelu_ffn_backward(dy, x, w1, w2, r_masked) -> (dx, dw1, db1, dw2, db2)
+sparse_compile::sqrelu_ffn_backward(dy, x, w1, w2, r_masked, spec) -> (dx, dw1, db1, dw2, db2)
 sparse_compile::sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec) -> (y, r_c, ids)
     The same function for V:N:M activations on the compact operand (kernels/ffn_gather.py);
     backward keeps r_c [T, h*4/M] and ids [T/V, h*4/M]. The rewrite picks it (dispatch.py).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_compile.config import parse_activation_pattern
+from sparse_compile.config import parse_activation_pattern, parse_weight_grad
 from sparse_compile.dispatch import DEVICES
 from sparse_compile.kernels import (
     sqrelu_ffn_backward_ref,
@@ -36,11 +36,14 @@ class OpSpec:
     weights: str | None
     activations: tuple[int, int, int] | None
     kernels: str
+    weight_grad: tuple[int, int, int] | None = None  # token-dim V:N:M of B2/B4, None = exact
+    dense_frac: float = 0.0
 
 
 @functools.cache
 def parse_spec(spec: str) -> OpSpec:
-    """'weights=2:4;activations=64:2:8;kernels=auto' -> OpSpec (see SparsityConfig.op_spec)."""
+    """'weights=2:4;activations=64:2:8;kernels=auto;weight_grad=dense;dense_frac=0.02' -> OpSpec
+    (see SparsityConfig.op_spec)."""
     fields = dict(item.split("=", 1) for item in spec.split(";"))
     act = fields["activations"]
     weights = fields["weights"]
@@ -48,6 +51,8 @@ def parse_spec(spec: str) -> OpSpec:
         weights=None if weights == "none" else weights,
         activations=None if act == "none" else parse_activation_pattern(act),
         kernels=fields["kernels"],
+        weight_grad=parse_weight_grad(fields.get("weight_grad", "dense")),
+        dense_frac=float(fields.get("dense_frac", 0.0)),
     )
 
 
@@ -146,15 +151,18 @@ def _(x, w1, b1, w2, b2, spec):
 
 @torch.library.custom_op("sparse_compile::sqrelu_ffn_backward", mutates_args=())
 def sqrelu_ffn_backward(
-    dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor
+    dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor, spec: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dy2 = dy.reshape(-1, dy.shape[-1])
-    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(dy2, x.reshape(-1, x.shape[-1]), w1, w2, r_masked)
+    op = parse_spec(spec)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
+        dy2, x.reshape(-1, x.shape[-1]), w1, w2, r_masked, op.weight_grad, op.dense_frac
+    )
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 
 @sqrelu_ffn_backward.register_fake
-def _(dy, x, w1, w2, r_masked):
+def _(dy, x, w1, w2, r_masked, spec):
     return (
         torch.empty_like(x),
         torch.empty_like(w1),
@@ -165,16 +173,19 @@ def _(dy, x, w1, w2, r_masked):
 
 
 def _sqrelu_ffn_setup(ctx, inputs, output) -> None:
-    x, w1, b1, w2, b2, _ = inputs
+    x, w1, b1, w2, b2, spec = inputs
     _, r_masked = output
     ctx.mark_non_differentiable(r_masked)
     ctx.save_for_backward(x, w1, w2, r_masked)
     ctx.has_bias = (b1 is not None, b2 is not None)
+    ctx.spec = spec
 
 
 def _sqrelu_ffn_backward(ctx, dy, _):
     x, w1, w2, r_masked = ctx.saved_tensors
-    dx, dw1, db1, dw2, db2 = torch.ops.sparse_compile.sqrelu_ffn_backward(dy.contiguous(), x, w1, w2, r_masked)
+    dx, dw1, db1, dw2, db2 = torch.ops.sparse_compile.sqrelu_ffn_backward(
+        dy.contiguous(), x, w1, w2, r_masked, ctx.spec
+    )
     has_b1, has_b2 = ctx.has_bias
     return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
 
@@ -236,8 +247,9 @@ def sqrelu_ffn_vnm_backward(
 
     x2 = x.reshape(-1, x.shape[-1])
     v, _, m = _vnm_of(spec, x2.shape[0])
+    op = parse_spec(spec)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

@@ -11,20 +11,22 @@ GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 
 
 def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
-    """Sparse operand(s) of each GEMM (F1 = X W1^T, F2 = H~ W2^T, B1 = dY W2, B2 = dY^T H~, B3 = dZ W1, B4 = dZ^T X)."""
+    """Sparse operand(s) of each GEMM (F1 = X W1^T, F2 = H~ W2^T, B1 = dY W2, B2 = dY^T H~, B3 = dZ W1, B4 = dZ^T X);
+    ``tokV:N:M`` marks the token-dim approximation of B2/B4."""
     w = f"W{config.weights}" if config.weights else ""
     a = f"A{config.activations}" if config.activations else ""
 
     def both(*parts: str) -> str:
         return "+".join(p for p in parts if p) or "dense"
 
+    t = f"tok{config.weight_grad.removeprefix('tokens:')}" if config.weight_grad_pattern else ""
     return {
         "F1": both(w),
         "F2": both(a, w),
         "B1": both(w, "kept dH" if a else ""),
-        "B2": both(a),
+        "B2": both(a, t),
         "B3": both(a, w),
-        "B4": both(a),
+        "B4": both(a, t),
     }
 
 
