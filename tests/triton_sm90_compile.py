@@ -17,6 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from sparse_compile.kernels import activation_24_triton as act24  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
@@ -36,6 +37,12 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         ce["HAS_BIAS"] = True
         names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M M_P ROWS BLOCK_G HAS_BIAS"
         cases.append((f"select {v}:{n}:{m}", select._vnm_select_kernel, _sig(names, ce, ptr), ce))
+    ce = {"ROWS": 16, "BLOCK_G": 64, "HAS_BIAS": True, "MASKED": True}
+    names = (
+        "z_ptr b_ptr val_ptr meta_ptr mask_out_ptr T G stride_z stride_v stride_m stride_o ROWS BLOCK_G HAS_BIAS MASKED"
+    )
+    types = {"z_ptr": "*bf16", "b_ptr": "*bf16", "val_ptr": "*bf16", "meta_ptr": "*u8", "mask_out_ptr": "*bf16"}
+    cases.append(("activation 2:4", act24._act24_kernel, _sig(names, ce, types), ce))
     ce = {"M": 16, "M_P": 16, "ROWS": 16, "BLOCK_G": 16, "SQUARE": True}
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
