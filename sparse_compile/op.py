@@ -161,8 +161,8 @@ def sqrelu_ffn_backward(
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 
-@sqrelu_ffn_backward.register_fake
-def _(dy, x, w1, w2, r_masked, spec):
+def _grads_like(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Fake (dx, dw1, db1, dw2, db2) of either backward op."""
     return (
         torch.empty_like(x),
         torch.empty_like(w1),
@@ -172,25 +172,33 @@ def _(dy, x, w1, w2, r_masked, spec):
     )
 
 
-def _sqrelu_ffn_setup(ctx, inputs, output) -> None:
+@sqrelu_ffn_backward.register_fake
+def _(dy, x, w1, w2, r_masked, spec):
+    return _grads_like(x, w1, w2)
+
+
+def _ffn_setup(ctx, inputs, output) -> None:
+    """Both FFN ops: keep x, w1, w2 and the op's extra outputs (what its backward op reads)."""
     x, w1, b1, w2, b2, spec = inputs
-    _, r_masked = output
-    ctx.mark_non_differentiable(r_masked)
-    ctx.save_for_backward(x, w1, w2, r_masked)
+    saved = output[1:]
+    ctx.mark_non_differentiable(*saved)
+    ctx.save_for_backward(x, w1, w2, *saved)
     ctx.has_bias = (b1 is not None, b2 is not None)
     ctx.spec = spec
 
 
-def _sqrelu_ffn_backward(ctx, dy, _):
-    x, w1, w2, r_masked = ctx.saved_tensors
-    dx, dw1, db1, dw2, db2 = torch.ops.sparse_compile.sqrelu_ffn_backward(
-        dy.contiguous(), x, w1, w2, r_masked, ctx.spec
-    )
-    has_b1, has_b2 = ctx.has_bias
-    return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
+def _ffn_autograd(backward_op):
+    """The autograd backward of an FFN op whose backward op is (dy, x, w1, w2, *saved, spec) -> grads."""
+
+    def backward(ctx, dy, *_):
+        dx, dw1, db1, dw2, db2 = backward_op(dy.contiguous(), *ctx.saved_tensors, ctx.spec)
+        has_b1, has_b2 = ctx.has_bias
+        return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
+
+    return backward
 
 
-sqrelu_ffn.register_autograd(_sqrelu_ffn_backward, setup_context=_sqrelu_ffn_setup)
+sqrelu_ffn.register_autograd(_ffn_autograd(torch.ops.sparse_compile.sqrelu_ffn_backward), setup_context=_ffn_setup)
 
 
 # --- the FFN, V:N:M activations on the compact operand ------------------------------------------
@@ -248,36 +256,16 @@ def sqrelu_ffn_vnm_backward(
     x2 = x.reshape(-1, x.shape[-1])
     v, _, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
-    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 
 @sqrelu_ffn_vnm_backward.register_fake
 def _(dy, x, w1, w2, r_c, ids, spec):
-    return (
-        torch.empty_like(x),
-        torch.empty_like(w1),
-        w1.new_empty(w1.shape[0]),
-        torch.empty_like(w2),
-        w2.new_empty(w2.shape[0]),
-    )
+    return _grads_like(x, w1, w2)
 
 
-def _sqrelu_ffn_vnm_setup(ctx, inputs, output) -> None:
-    x, w1, b1, w2, b2, spec = inputs
-    _, r_c, ids = output
-    ctx.mark_non_differentiable(r_c, ids)
-    ctx.save_for_backward(x, w1, w2, r_c, ids)
-    ctx.has_bias = (b1 is not None, b2 is not None)
-    ctx.spec = spec
-
-
-def _sqrelu_ffn_vnm_backward(ctx, dy, _r, _ids):
-    x, w1, w2, r_c, ids = ctx.saved_tensors
-    dx, dw1, db1, dw2, db2 = torch.ops.sparse_compile.sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, ctx.spec)
-    has_b1, has_b2 = ctx.has_bias
-    return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
-
-
-sqrelu_ffn_vnm.register_autograd(_sqrelu_ffn_vnm_backward, setup_context=_sqrelu_ffn_vnm_setup)
+sqrelu_ffn_vnm.register_autograd(
+    _ffn_autograd(torch.ops.sparse_compile.sqrelu_ffn_vnm_backward), setup_context=_ffn_setup
+)
