@@ -1,5 +1,7 @@
-"""Where a number came from: device, versions, git revision, command. Printed with every result."""
+"""Where a number came from: device, versions, git revision, command. Printed with every result.
+Also the one CSV writer the bench scripts share."""
 
+import csv
 import os
 import shlex
 import subprocess
@@ -54,3 +56,11 @@ def environment(device: torch.device, program: str, argv: list[str] | None = Non
         "git": git_revision(),
         "command": " ".join([program, *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]),
     }
+
+
+def write_csv(path: str | Path, rows: list[dict], fieldnames: list[str] | None = None) -> None:
+    """``rows`` as CSV with a header (``fieldnames``, default the first row's keys; missing cells empty)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fieldnames or list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -8,7 +8,6 @@ equal work. Every row carries device, versions and git revision; --csv writes th
 """
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -18,7 +17,7 @@ import torch
 import torch.nn as nn
 from tabulate import tabulate
 
-from bench.env import environment
+from bench.env import environment, write_csv
 from sparse_compile.config import BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
 
@@ -152,10 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         r.update({"dtype": str(dtype).removeprefix("torch."), **env})
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows)
     cols = ["shape", "provider", "mode", "ms", "tflops", "speedup_vs_best_dense"]
     print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".3f", tablefmt="github"))
     return 0

@@ -12,14 +12,13 @@ then times (triton.testing.do_bench medians), side by side in the same run:
 """
 
 import argparse
-import csv
 import sys
 
 import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment
+from bench.env import environment, write_csv
 from bench.select_kernel import copy_gbps
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
@@ -120,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = list(dict.fromkeys(k for r in rows for k in r))
     print(tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3f", tablefmt="github"))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys + ["git"])
-            w.writeheader()
-            w.writerows({**r, "git": env["git"]} for r in rows)
+        write_csv(args.csv, [{**r, "git": env["git"]} for r in rows], keys + ["git"])
     bad = [r for r in rows if r["max rel err"] > 2e-2]
     return 1 if bad else 0
 

@@ -7,14 +7,13 @@ times both (triton.testing.do_bench medians). Bytes counted: read Z (T*h*2) + wr
 """
 
 import argparse
-import csv
 import sys
 
 import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment
+from bench.env import environment, write_csv
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 
@@ -97,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         print(tabulate(sweep(t, h, ceiling), headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.csv, rows)
     return 0 if all(r["exact"] for r in rows) else 1
 
 

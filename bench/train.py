@@ -10,7 +10,6 @@ all ranks.
 
 import argparse
 import contextlib
-import csv
 import math
 import sys
 import time
@@ -24,7 +23,7 @@ from tqdm import tqdm
 import sparse_compile
 from bench import distributed
 from bench.data import Batches, Corpus
-from bench.env import environment
+from bench.env import environment, write_csv
 from bench.model import GPT, SIZES
 from sparse_compile.config import BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
@@ -400,11 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header, flush=True)
     results = {name: train_one(name, args, corpus, schedule, val_batches, d) for name in args.runs}
     if d.main:
-        with open(out / "log.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            for r in results.values():
-                writer.writerows(r.rows)
+        write_csv(out / "log.csv", [row for r in results.values() for row in r.rows], CSV_FIELDS)
         plot(results, schedule, args.steps, out / "loss.png")
         table = summary_table(results)
         if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)

@@ -8,14 +8,13 @@ similarity and relative error of dW1 (c_fc) and dW2 (c_proj) against exact: mean
 """
 
 import argparse
-import csv
 import sys
 
 import torch
 from tabulate import tabulate
 
 from bench.data import Batches, Corpus
-from bench.env import environment
+from bench.env import environment, write_csv
 from bench.model import GPT, SIZES
 
 
@@ -84,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 )  # fmt: skip
     print(tabulate(rows, headers="keys", floatfmt=".4f", tablefmt="github"))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.csv, rows)
     return 0
 
 

@@ -6,14 +6,13 @@ ceiling is the measured copy rate (bench/select_kernel.py:copy_gbps).
 """
 
 import argparse
-import csv
 import sys
 
 import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment
+from bench.env import environment, write_csv
 from bench.select_kernel import copy_gbps
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.kernels.weight_mask_triton import sparsify_24_triton
@@ -51,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             print(tabulate(rows[-1:], headers="keys", floatfmt=".3f", tablefmt="github"), flush=True)
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows)
     return 0 if all(r["exact"] for r in rows) else 1
 
 

@@ -8,6 +8,7 @@ from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.dispatch import GATHER
 
 from ..oracle import oracle_ffn
+from .test_cuda_reference import _rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)")
 
@@ -23,10 +24,6 @@ def _poison() -> None:
     """Leave NaN in the caching allocator's free blocks, so an output element a kernel forgets shows."""
     junk = torch.full((1 << 28,), float("nan"), device="cuda", dtype=torch.float16)
     del junk
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.weights}-{c.activations}")
