@@ -59,19 +59,31 @@ class Corpus:
 
 
 class Batches:
-    """Random (x, y) windows of one split; the same seed gives the same sequence of batches."""
+    """Random (x, y) windows of one split; the same seed gives the same sequence of batches.
 
-    def __init__(self, data: np.ndarray, batch_size: int, seq_len: int, seed: int) -> None:
+    With ``world`` > 1 every rank draws the same global batch of ``batch_size * world`` windows and
+    keeps rows [rank * batch_size, (rank + 1) * batch_size): N ranks at batch_size b see exactly the
+    windows one process sees at batch_size N * b, so their loss curves are comparable.
+    """
+
+    def __init__(
+        self, data: np.ndarray, batch_size: int, seq_len: int, seed: int, rank: int = 0, world: int = 1
+    ) -> None:
         if len(data) <= seq_len + 1:
             raise ValueError(f"split has {len(data)} bytes, too few for seq_len={seq_len}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank={rank} must be in [0, world={world})")
         self.data = data
         self.batch_size = batch_size
         self.seq_len = seq_len
+        self.rank, self.world = rank, world
         self.generator = torch.Generator().manual_seed(seed)
 
     def next(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: int64 [batch_size, seq_len], y = x shifted by one byte."""
-        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.batch_size,), generator=self.generator)
+        """x, y: int64 [batch_size, seq_len], y = x shifted by one byte (this rank's rows)."""
+        n = self.batch_size * self.world
+        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (n,), generator=self.generator)
+        starts = starts[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
         rows = np.stack([self.data[s : s + self.seq_len + 1] for s in starts.tolist()]).astype(np.int64)
         xy = torch.from_numpy(rows)
         return xy[:, :-1].to(device, non_blocking=True), xy[:, 1:].to(device, non_blocking=True)

@@ -3,9 +3,9 @@
 Dense: torch.compile(model). Sparse: torch.compile(model, backend="sparse") with a dense warm-up,
 a sparse phase and a dense recovery phase (PhaseSchedule). Writes log.csv (every logged point),
 loss.png (both loss curves, phase boundaries) and summary.txt (the comparison table) to --out.
-With --distributed ddp|fsdp under torchrun, every rank trains its own batches (--batch-size per
-rank), phases flip on every rank at the same step, and rank 0 writes the outputs; tokens/s count
-all ranks.
+With --distributed ddp|fsdp under torchrun, the ranks split each global batch (--batch-size per
+rank: N ranks at b see what one process sees at N*b), phases flip on every rank at the same step,
+and rank 0 writes the outputs; tokens/s and losses count all ranks.
 """
 
 import argparse
@@ -227,7 +227,7 @@ def train_one(
     else:
         compiled = torch.compile(wrapped, backend="sparse", options=args.options)
     opt = _optimizer(model, args)
-    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=args.seed + 1 + 1000 * d.rank)
+    batches = Batches(corpus.train, args.batch_size, args.seq_len, args.seed + 1, d.rank, d.world)
     gpu = device.type == "cuda"
 
     def autocast():
@@ -239,7 +239,8 @@ def train_one(
 
     def evaluate() -> float:
         with torch.no_grad(), autocast():
-            return sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
+            local = sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
+        return distributed.mean(local, d, device)
 
     health = Health(model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp")
     result = RunResult(name)
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if not d.main:
         corpus = Corpus.load(args.data_dir)
     schedule = sparse_compile.PhaseSchedule.from_fractions(args.steps, args.warmup_frac, args.final_dense_frac)
-    val = Batches(corpus.val, args.batch_size, args.seq_len, seed=args.seed + 2)
+    val = Batches(corpus.val, args.batch_size, args.seq_len, args.seed + 2, d.rank, d.world)
     val_batches = [val.next(args.device) for _ in range(args.eval_iters)]
     header = (
         f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "

@@ -1,5 +1,6 @@
 """DDP and FSDP2 (2 processes, gloo, CPU) with backend="sparse": sites stay sparse, losses equal one process."""
 
+import csv
 import json
 import socket
 import subprocess
@@ -86,21 +87,44 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
     assert (dense - single).abs().max() > 1e-3  # the comparison can tell sparse from dense
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_train_script_under_torchrun(tmp_path, mode):
-    """torchrun --nproc-per-node 2 -m bench.train --distributed MODE: every FFN sparse, rank 0 writes."""
-    out = tmp_path / mode
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port()]
-    cmd += ["-m", "bench.train", "--distributed", mode, "--runs", "sparse", "--steps", "4", "--batch-size", "2"]
-    cmd += ["--seq-len", "64", "--log-every", "2", "--eval-every", "4", "--eval-iters", "1", "--no-progress"]
-    cmd += ["--out", str(out)]
-    log = tmp_path / f"{mode}.log"
+def _train(out: Path, batch_size: int, mode: str = "none") -> str:
+    """bench.train (sparse run only, 4 steps), under torchrun with 2 ranks unless mode is none; its log."""
+    cmd = [sys.executable]
+    if mode != "none":
+        cmd += ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port()]
+    cmd += ["-m", "bench.train", "--distributed", mode, "--runs", "sparse", "--steps", "4"]
+    cmd += ["--batch-size", str(batch_size), "--seq-len", "64", "--log-every", "2", "--eval-every", "2"]
+    cmd += ["--eval-iters", "1", "--no-progress", "--out", str(out)]
+    log = out.with_suffix(".log")
     with open(log, "w") as f:
         done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300)
     text = log.read_text()
     assert done.returncode == 0, text[-3000:]
+    return text
+
+
+def _losses(out: Path) -> torch.Tensor:
+    rows = list(csv.DictReader((out / "log.csv").open()))
+    return torch.tensor([[float(r["loss"]), float(r["val_loss"])] for r in rows], dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def one_process_batch_4(tmp_path_factory) -> torch.Tensor:
+    out = tmp_path_factory.mktemp("single") / "single"
+    _train(out, batch_size=4)
+    return _losses(out)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_train_script_under_torchrun(tmp_path, mode, one_process_batch_4):
+    """torchrun --nproc-per-node 2 -m bench.train --distributed MODE --batch-size 2: every FFN sparse,
+    rank 0 writes, and the train and validation losses equal one process at --batch-size 4 (the two
+    ranks split the same global batches)."""
+    out = tmp_path / mode
+    text = _train(out, batch_size=2, mode=mode)
     summary = (out / "summary.txt").read_text()
     assert "per rank x 2 ranks" in summary and " 0 dense " in summary and "sparse FFN site(s)" in summary
     assert text.count("wrote ") == 1  # rank 0 only
     rows = (out / "log.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 and rows[1].startswith("sparse,2,")
+    torch.testing.assert_close(_losses(out), one_process_batch_4, rtol=1e-4, atol=0)
