@@ -2,7 +2,9 @@
 
 For each (T, h, pattern): checks vnm_select_compact == vnm_compact_ref bit for bit (bf16), then
 times both (triton.testing.do_bench medians). Bytes counted: read Z (T*h*2) + write h_c and r_c
-(2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). The ceiling is the measured device-to-device copy rate
+(2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). Then the same for the compressed 2:4 kernel
+(activation_24 vs activation_24_ref): read Z, write values (T*h/2*2) + uint8 metadata (T*h/4), plus
+the masked dense H~ (T*h*2) in the "+ masked" rows. The ceiling is the measured device-to-device copy rate
 (bytes read + written) of a 1 GiB buffer on the same GPU.
 """
 
@@ -14,6 +16,7 @@ import triton.testing
 from tabulate import tabulate
 
 from bench.env import environment, write_csv
+from sparse_compile.kernels.activation_24_triton import activation_24, activation_24_ref
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 
@@ -92,6 +95,22 @@ def main(argv: list[str] | None = None) -> int:
                     "git": env["git"],
                 }
             )
+        for masked in (False, True):
+            got = activation_24(z, b, masked)
+            want = activation_24_ref(z, b, masked)
+            exact = all(torch.equal(a, r) for a, r in zip(got, want, strict=True) if a is not None)
+            call = (z, b, masked)
+            ms = triton.testing.do_bench(lambda c=call: activation_24(*c), return_mode="median")
+            ms_ref = triton.testing.do_bench(lambda c=call: activation_24_ref(*c), return_mode="median")
+            nbytes = t * h * 2 + t * h + t * h // 4 + (t * h * 2 if masked else 0)
+            gbps = nbytes / ms / 1e6
+            rows.append(
+                {
+                    "T": t, "h": h, "pattern": "2:4 compressed" + (" + masked" if masked else ""),
+                    "exact": exact, "ms": ms, "GB/s": gbps, "of copy": gbps / ceiling,
+                    "torch ms": ms_ref, "speedup": ms_ref / ms, "git": env["git"],
+                }
+            )  # fmt: skip
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.sweep:
         print(tabulate(sweep(t, h, ceiling), headers="keys", floatfmt=".3f", tablefmt="github"))
