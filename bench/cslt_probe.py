@@ -9,7 +9,10 @@ group of 4 along k), the compressed buffer (as int16) for inputs that expose it:
   uni_P     every group has pattern P (one of the 6 pairs), values 1.0: the metadata code of P
   bit_S_j   group g = row * k/4 + col has pattern S[0] if bit j of g is 0 else S[1] (two pairs
             S = (01, 23) and (02, 13)): which metadata bits belong to which group
-and the compressed numel for larger shapes (padding). Decoded offline by kernels/cslt_layout.py.
+  deg_*     64 x 64, group g has nonzero set g % 16 (all 16 subsets, so also groups with fewer or
+            more than 2 nonzeros): zeros +0.0 (deg_pos) or -0.0 (deg_negzero), nonzeros 1.0, or
+            magnitudes rising (deg_up) or falling (deg_down) with the position: which 2 are stored
+and the compressed numel for larger shapes (padding). Decoded in kernels/cslt_compress_triton.py.
 """
 
 import itertools
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 
 PAIRS = list(itertools.combinations(range(4), 2))  # the 6 patterns, index = position in this list
-PROBE_SHAPES = [(32, 64), (64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 512)]
+PROBE_SHAPES = [(32, 64), (64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (64, 256), (96, 128)]
 SIZE_SHAPES = [(16, 16), (16, 32), (32, 32), (32, 128), (48, 64), (64, 96), (96, 64), (128, 192), (1024, 1024),
                (2048, 8192), (8192, 2048), (4096, 16384), (16384, 4096), (16384, 8192)]  # fmt: skip
 
@@ -55,6 +58,22 @@ def probes(m: int, k: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def degenerate_probes() -> dict[str, torch.Tensor]:
+    """64 x 64 inputs whose group g has nonzero set g % 16 (bit p = position p nonzero)."""
+    g = torch.arange(64 * 16).reshape(64, 16, 1)
+    nonzero = ((g % 16) >> torch.arange(4)) & 1 == 1  # [64, 16, 4]
+    pos = torch.arange(4).expand(64, 16, 4)
+    bits = {
+        "deg_pos": (torch.full_like(pos, 0x3F80), 0),
+        "deg_negzero": (torch.full_like(pos, 0x3F80), -0x8000),
+        "deg_up": (0x3F80 + (pos << 7), 0),  # 1, 2, 4, 8
+        "deg_down": (0x3F80 + ((3 - pos) << 7), 0),  # 8, 4, 2, 1
+    }
+    return {
+        k: torch.where(nonzero, v, z).to(torch.int16).reshape(64, 64).view(torch.bfloat16) for k, (v, z) in bits.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not torch.cuda.is_available():
@@ -68,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 arrays[f"{m}x{k}/{name}"] = c.view(torch.int16).numpy()
             else:
                 arrays[f"{m}x{k}/{name}"] = a.numpy()
+    for name, a in degenerate_probes().items():
+        arrays[f"64x64/{name}"] = torch._cslt_compress(a.cuda()).cpu().view(torch.int16).numpy()
     for m, k in SIZE_SHAPES + PROBE_SHAPES:
         try:
             c = torch._cslt_compress(torch.ones(m, k, dtype=torch.bfloat16, device="cuda"))

@@ -33,6 +33,47 @@ def test_batches_repeat_with_the_seed(tmp_path):
     assert torch.equal(x1[:, 1:], y1[:, :-1])
 
 
+def test_ranks_split_the_global_batch_of_one_process(tmp_path):
+    corpus = Corpus.load(tmp_path)
+    whole = Batches(corpus.train, 6, 32, seed=3)
+    ranks = [Batches(corpus.train, 2, 32, seed=3, rank=r, world=3) for r in range(3)]
+    for _ in range(2):
+        x, y = whole.next()
+        parts = [b.next() for b in ranks]
+        assert torch.equal(x, torch.cat([p[0] for p in parts])) and torch.equal(y, torch.cat([p[1] for p in parts]))
+    with pytest.raises(ValueError, match="rank=3 must be in"):
+        Batches(corpus.train, 2, 32, seed=3, rank=3, world=3)
+
+
+def _write_log(path, losses: dict) -> None:
+    path.parent.mkdir(parents=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["run", "step", "loss", "val_loss"])
+        w.writeheader()
+        for (run, step), (loss, val) in losses.items():
+            w.writerow({"run": run, "step": step, "loss": loss, "val_loss": "" if val is None else val})
+
+
+def test_compare_logs_reports_relative_differences(tmp_path):
+    from bench.compare_logs import compare
+
+    base = {("dense", 10): (4.0, None), ("dense", 20): (2.0, 2.5), ("sparse", 20): (2.2, 2.6)}
+    other = {
+        ("dense", 10): (4.04, None),
+        ("dense", 20): (1.99, 2.4),
+        ("sparse", 20): (2.2, 2.6),
+        ("sparse", 30): (1.0, None),
+    }
+    _write_log(tmp_path / "a" / "log.csv", base)
+    _write_log(tmp_path / "b" / "log.csv", other)
+    rows, summary = compare([tmp_path / "a" / "log.csv", tmp_path / "b" / "log.csv"], every=10)
+    assert [(r["run"], r["step"]) for r in rows] == [("dense", 10), ("dense", 20), ("sparse", 20)]  # shared steps only
+    assert rows[0]["b vs a"] == "+1.00%" and rows[1]["b vs a"] == "-0.50%"
+    worst = {w["run"]: w for w in summary}
+    assert worst["dense"]["max |diff| train"] == "1.00%" and worst["dense"]["max |diff| val"] == "4.00%"
+    assert worst["sparse"]["max |diff| train"] == "0.00%"
+
+
 def test_model_matches_a_plain_eager_forward():
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32))
