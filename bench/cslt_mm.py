@@ -4,7 +4,10 @@ For each (T, d, h): W1 [h, d] bf16 with a random 2:4 pattern along d, X [T, d]. 
 (torch.mm, cuBLAS). Sparse: torch._cslt_sparse_mm(compress(W1), X^T, transpose_result=True), which
 computes (W1 X^T)^T = Z [T, h], for every algorithm id cuSPARSELt offers at that shape (each checked
 against the dense product: some ids are known to be wrong) and the one _cslt_sparse_mm_search picks.
-Also times torch._cslt_compress on W1 and on a [T, h] activation. Medians of do_bench, one GPU.
+Also times the compressors on W1 and on a [T, h] 2:4 activation: torch._cslt_compress and the Triton
+kernel (kernels/cslt_compress_triton.py; checked bit-identical to it), with GB/s (read 2 bytes,
+write 1.125 bytes per element) and the fraction of the measured copy rate. Medians of do_bench.
+The speedup column is over dense mm for the GEMM rows, over torch._cslt_compress for the others.
 """
 
 import argparse
@@ -15,6 +18,8 @@ import triton.testing
 from tabulate import tabulate
 
 from bench.env import environment, write_csv
+from bench.select_kernel import copy_gbps
+from sparse_compile.kernels.cslt_compress_triton import cslt_compress_triton
 
 
 def random_24(rows: int, cols: int, gen: torch.Generator) -> torch.Tensor:
@@ -24,7 +29,7 @@ def random_24(rows: int, cols: int, gen: torch.Generator) -> torch.Tensor:
     return w * keep.reshape(rows, cols)
 
 
-def bench_shape(t: int, d: int, h: int, git: str) -> list[dict]:
+def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:
     gen = torch.Generator("cuda").manual_seed(0)
     w = random_24(h, d, gen)
     x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -32,10 +37,11 @@ def bench_shape(t: int, d: int, h: int, git: str) -> list[dict]:
     dense_ms = triton.testing.do_bench(lambda: x @ w.t(), return_mode="median")
     flops = 2 * t * d * h
     rows = [{"T": t, "d": d, "h": h, "what": "dense mm", "alg": "", "ok": True, "ms": dense_ms,
-             "TFLOP/s": flops / dense_ms / 1e9, "vs dense": 1.0, "git": git}]  # fmt: skip
+             "TFLOP/s": flops / dense_ms / 1e9, "speedup": 1.0, "git": git}]  # fmt: skip
     wc = torch._cslt_compress(w)
     xt = x.t()
     best = torch._cslt_sparse_mm_search(wc, xt, transpose_result=True)
+    print(f"({t}, {d}, {h}): _cslt_sparse_mm_search picks alg {best}", flush=True)
     for alg in range(16):
         try:
             got = torch._cslt_sparse_mm(wc, xt, transpose_result=True, alg_id=alg)
@@ -45,14 +51,17 @@ def bench_shape(t: int, d: int, h: int, git: str) -> list[dict]:
         ms = triton.testing.do_bench(lambda a=alg: torch._cslt_sparse_mm(wc, xt, transpose_result=True, alg_id=a),
                                      return_mode="median")  # fmt: skip
         rows.append({"T": t, "d": d, "h": h, "what": "cslt 2:4 W1" + (" (search)" if alg == best else ""),
-                     "alg": alg, "ok": ok, "ms": ms, "TFLOP/s": flops / ms / 1e9, "vs dense": dense_ms / ms,
+                     "alg": alg, "ok": ok, "ms": ms, "TFLOP/s": flops / ms / 1e9, "speedup": dense_ms / ms,
                      "git": git})  # fmt: skip
-    copy = lambda n: 2 * n * 2  # noqa: E731  read + write of n bf16 elements
-    for name, a in (("compress W1 [h, d]", w), ("compress Z [T, h]", random_24(t, h, gen))):
-        ms = triton.testing.do_bench(lambda a=a: torch._cslt_compress(a), return_mode="median")
-        rows.append({"T": t, "d": d, "h": h, "what": name, "alg": "", "ok": True, "ms": ms,
-                     "TFLOP/s": copy(a.numel()) / ms / 1e9, "vs dense": "GB/s in TFLOP/s column",
-                     "git": git})  # fmt: skip
+    for name, a in (("W1 [h, d]", w), ("Z [T, h]", random_24(t, h, gen))):
+        nbytes = a.numel() * (2 + 1.125)
+        ms_torch = triton.testing.do_bench(lambda a=a: torch._cslt_compress(a), return_mode="median")
+        exact = torch.equal(cslt_compress_triton(a).view(torch.int16), torch._cslt_compress(a).view(torch.int16))
+        ms = triton.testing.do_bench(lambda a=a: cslt_compress_triton(a), return_mode="median")
+        for what, t_ms, ok in (("_cslt_compress", ms_torch, True), ("Triton compress", ms, exact)):
+            rows.append({"T": t, "d": d, "h": h, "what": f"{what} {name}", "alg": "", "ok": ok, "ms": t_ms,
+                         "GB/s": nbytes / t_ms / 1e6, "of copy": nbytes / t_ms / 1e6 / ceiling,
+                         "speedup": ms_torch / t_ms, "git": git})  # fmt: skip
     return rows
 
 
@@ -65,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("needs a CUDA GPU")
     env = environment(torch.device("cuda"), "python -m bench.cslt_mm", argv)
     print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+    ceiling = copy_gbps()
+    print(f"measured copy: {ceiling:.0f} GB/s (read + write)")
     rows = []
     for shape in args.shapes.split(";"):
         t, d, h = (int(s) for s in shape.split(","))
-        rows += bench_shape(t, d, h, env["git"])
+        rows += bench_shape(t, d, h, env["git"], ceiling)
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         write_csv(args.csv, rows)

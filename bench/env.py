@@ -59,8 +59,10 @@ def environment(device: torch.device, program: str, argv: list[str] | None = Non
 
 
 def write_csv(path: str | Path, rows: list[dict], fieldnames: list[str] | None = None) -> None:
-    """``rows`` as CSV with a header (``fieldnames``, default the first row's keys; missing cells empty)."""
+    """``rows`` as CSV with a header (``fieldnames``, default every row's keys in first-seen order;
+    missing cells empty)."""
+    fieldnames = fieldnames or list(dict.fromkeys(k for row in rows for k in row))
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fieldnames or list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=fieldnames)
         writer.writeheader()
         writer.writerows(rows)

@@ -20,6 +20,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sparse_compile.kernels import activation_24_triton as act24  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
+from sparse_compile.kernels import cslt_compress_triton as cslt  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
 from sparse_compile.kernels import weight_mask_triton as wmask  # noqa: E402
 
@@ -43,6 +44,17 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     )
     types = {"z_ptr": "*bf16", "b_ptr": "*bf16", "val_ptr": "*bf16", "meta_ptr": "*u8", "mask_out_ptr": "*bf16"}
     cases.append(("activation 2:4", act24._act24_kernel, _sig(names, ce, types), ce))
+    for dt in ("bf16", "fp16"):
+        ce = {"TILES": 8}
+        types = {"a_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i16", "kept_ptr": "*i32"}
+        cases.append(
+            (
+                f"cuSPARSELt compress {dt}",
+                cslt._cslt_kernel,
+                _sig("a_ptr out_ptr meta_ptr kept_ptr K TILES", ce, types),
+                ce,
+            )
+        )
     ce = {"M": 16, "M_P": 16, "ROWS": 16, "BLOCK_G": 16, "SQUARE": True}
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}

@@ -1,0 +1,143 @@
+"""cuSPARSELt's compressed 2:4 operand for sm90 (Hopper), written by Triton (reference: cslt_compress_ref).
+
+torch._cslt_compress(A) takes 4.6 ms on a 16384 x 8192 bf16 tensor on an H100, several times the
+GEMM it feeds; this kernel writes the same buffer, bit for bit, in one pass (read A, write half of
+it plus metadata). The layout is undocumented; bench/cslt_probe.py read it off _cslt_compress on an
+H200 (torch 2.11, cuSPARSELt 0.8.0), and tests/data/cslt_sm90_probe.npz keeps real outputs that the
+CPU tests compare against. For A [m, k] bf16/fp16, 2:4 along k (the GEMM's K), m % 64 == 0 and
+k % 64 == 0, the buffer has A's dtype, shape [m, k/2 + k/16] (m*k/2 + m*k/16 elements), and holds
+  values    flat [0, m*k/2): the kept values as a row-major [m, k/2], a group's two in column order
+  metadata  the rest, read as int16 words: one 4-bit code per group of 4, code = i0 | i1 << 2 for
+            the kept positions i0 < i1 of the group, at nibble slot s (bits 4*(s%4).. of word s//4)
+            of group (r, c) (c = group index along k): tiles of 64 rows x 8 groups in row-major
+            tile order, 512 slots each, and within a tile the slot's bits are, lowest first,
+            r3 c2 c0 c1 r0 r1 r2 r4 r5 (r, c bits within the tile).
+Which two positions a group keeps is a function of its nonzero set alone (_KEPT below, probed for
+all 16 sets): a 2:4 group keeps its nonzeros; groups with fewer (zeros in kept places, common in
+relu^2 activations) or more nonzeros follow the table.
+Other shapes are padded by cuSPARSELt in ways not probed: they are rejected here. Other GPU
+generations use other layouts: cslt_compress calls torch._cslt_compress there.
+"""
+
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float16, torch.bfloat16)
+PAIRS = list(itertools.combinations(range(4), 2))  # (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+
+# nonzero set (bit p = position p nonzero) -> the kept positions (i0, i1) cuSPARSELt stores
+_KEPT: tuple[tuple[int, int], ...] = (
+    (0, 1), (0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (1, 2), (0, 1),
+    (0, 3), (0, 3), (1, 3), (0, 1), (2, 3), (0, 2), (1, 2), (0, 1),
+)  # fmt: skip
+
+
+def _check(a: torch.Tensor) -> tuple[int, int]:
+    if a.dim() != 2:
+        raise ValueError(f"cuSPARSELt compress takes a 2-D tensor, got shape {tuple(a.shape)}")
+    if a.dtype not in _DTYPES:
+        raise ValueError(f"cuSPARSELt compress: dtype {a.dtype} not supported; allowed: {_DTYPES}")
+    if not a.is_contiguous():
+        raise ValueError(f"cuSPARSELt compress needs a contiguous (row-major) tensor, got strides {a.stride()}")
+    m, k = a.shape
+    if m % 64 or k % 64:
+        raise ValueError(f"cuSPARSELt sm90 layout: shape ({m}, {k}) must have rows and columns multiples of 64")
+    return m, k
+
+
+def meta_slots(m: int, k: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[m, k/4] int64: the metadata nibble slot of each group (r, c), the bit permutation above."""
+    r = torch.arange(m, device=device)[:, None]
+    c = torch.arange(k // 4, device=device)[None, :]
+    bit = lambda v, i: (v >> i) & 1  # noqa: E731
+    within = (
+        bit(r, 3) | bit(c, 2) << 1 | bit(c, 0) << 2 | bit(c, 1) << 3
+        | bit(r, 0) << 4 | bit(r, 1) << 5 | bit(r, 2) << 6 | bit(r, 4) << 7 | bit(r, 5) << 8
+    )  # fmt: skip
+    return ((r >> 6) * (k // 32) + (c >> 3)) * 512 + within
+
+
+def cslt_compress_ref(a: torch.Tensor) -> torch.Tensor:
+    """The sm90 buffer of A, pure torch (any device)."""
+    m, k = _check(a)
+    groups = a.reshape(m, k // 4, 4)
+    nonzero = ((groups != 0).long() << torch.arange(4, device=a.device)).sum(-1)  # [m, k/4] in 0..15
+    kept = torch.tensor(_KEPT, device=a.device)[nonzero]  # [m, k/4, 2]
+    values = groups.gather(2, kept).reshape(-1)
+    code = kept[..., 0] | kept[..., 1] << 2
+    nibbles = torch.zeros(m * k // 4, dtype=torch.int64, device=a.device)
+    nibbles[meta_slots(m, k, a.device).reshape(-1)] = code.reshape(-1)
+    words = (nibbles.reshape(-1, 4) << torch.tensor([0, 4, 8, 12], device=a.device)).sum(-1)
+    words = torch.where(words >= 1 << 15, words - (1 << 16), words).to(torch.int16)
+    return torch.cat([values.view(torch.int16), words]).view(a.dtype).reshape(m, k // 2 + k // 16)
+
+
+@triton.jit
+def _cslt_kernel(a_ptr, out_ptr, meta_ptr, kept_ptr, K, TILES: tl.constexpr):
+    """One program: rows [64 b, 64 b + 64) x TILES tiles of 32 columns; 4 passes (r3, c2) of
+    [32 rows, TILES * 16 columns], whose 4-bit codes land in the same [32, 4 * TILES] int16 words."""
+    band = tl.program_id(0)
+    tile0 = tl.program_id(1) * TILES
+    i = tl.arange(0, 32)  # r5 r4 r2 r1 r0 of the row within the band
+    q = tl.arange(0, TILES * 16)  # tile t = q // 16, column j = q % 16 inside the (r3, c2) half
+    g = tl.arange(0, TILES * 4)  # tile t = g // 4, group c_low = g % 4
+    v = tl.arange(0, TILES * 8)  # tile t = v // 8, kept value v % 8 of the half
+    tiles_k = K // 32
+    words = tl.zeros((32, TILES * 4), dtype=tl.int32)
+    for half in tl.static_range(4):
+        r3 = half % 2
+        c2 = half // 2
+        rows = band * 64 + (i // 8) * 16 + r3 * 8 + i % 8
+        cols = (tile0 + q // 16) * 32 + c2 * 16 + q % 16
+        ok = (cols < K)[None, :]
+        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=ok, other=0.0)
+        x02, x13 = tl.split(tl.reshape(x, (32, TILES * 4, 2, 2)))
+        x0, x2 = tl.split(x02)
+        x1, x3 = tl.split(x13)
+        nz = (x0 != 0).to(tl.int32) | (x1 != 0).to(tl.int32) << 1 | (x2 != 0).to(tl.int32) << 2
+        nz = nz | (x3 != 0).to(tl.int32) << 3
+        code = tl.load(kept_ptr + nz)  # i0 | i1 << 2
+        i0 = code & 3
+        i1 = code >> 2
+        v0 = tl.where(i0 == 0, x0, tl.where(i0 == 1, x1, x2))
+        v1 = tl.where(i1 == 1, x1, tl.where(i1 == 2, x2, x3))
+        vals = tl.reshape(tl.join(v0, v1), (32, TILES * 8))
+        vcols = (tile0 + v // 8) * 16 + c2 * 8 + v % 8
+        vok = (vcols < K // 2)[None, :]
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :], vals, mask=vok)
+        words = words | code << (4 * r3 + 8 * c2)
+    tile = band * tiles_k + tile0 + g // 4
+    slot_words = tile[None, :].to(tl.int64) * 128 + i[:, None] * 4 + (g % 4)[None, :]
+    wok = ((tile0 + g // 4) < tiles_k)[None, :]
+    words16 = tl.where(words >= 32768, words - 65536, words).to(tl.int16)
+    tl.store(meta_ptr + slot_words, words16, mask=wok)
+
+
+_KEPT_CODES: dict[torch.device, torch.Tensor] = {}
+
+
+def _kept_codes(device: torch.device) -> torch.Tensor:
+    if device not in _KEPT_CODES:
+        _KEPT_CODES[device] = torch.tensor([i0 | i1 << 2 for i0, i1 in _KEPT], dtype=torch.int32, device=device)
+    return _KEPT_CODES[device]
+
+
+def cslt_compress_triton(a: torch.Tensor, tiles: int = 8, num_warps: int = 4) -> torch.Tensor:
+    """The sm90 buffer of A (what torch._cslt_compress writes on Hopper), one Triton pass."""
+    m, k = _check(a)
+    out = torch.empty(m, k // 2 + k // 16, dtype=a.dtype, device=a.device)
+    meta = out.view(-1).view(torch.int16)[m * k // 2 :]
+    grid = (m // 64, triton.cdiv(k // 32, tiles))
+    _cslt_kernel[grid](a, out, meta, _kept_codes(a.device), k, TILES=tiles, num_warps=num_warps)
+    return out
+
+
+def cslt_compress(a: torch.Tensor) -> torch.Tensor:
+    """Compress a 2:4 tensor for torch._cslt_sparse_mm: the Triton kernel on sm90 GPUs (bit-identical
+    to torch._cslt_compress there), torch._cslt_compress on other GPUs, whose layouts differ."""
+    if a.is_cuda and torch.cuda.get_device_capability(a.device)[0] != 9:
+        return torch._cslt_compress(a)
+    return cslt_compress_triton(a)
