@@ -13,8 +13,11 @@ k % 64 == 0, the buffer has A's dtype, shape [m, k/2 + k/16] (m*k/2 + m*k/16 ele
             tile order, 512 slots each, and within a tile the slot's bits are, lowest first,
             r3 c2 c0 c1 r0 r1 r2 r4 r5 (r, c bits within the tile).
 Which two positions a group keeps is a function of its nonzero set alone (_KEPT below, probed for
-all 16 sets): a 2:4 group keeps its nonzeros; groups with fewer (zeros in kept places, common in
-relu^2 activations) or more nonzeros follow the table.
+all 16 sets): its nonzeros, and a group with fewer than two (a kept zero: common in relu^2
+activations, rare in weights) pads with the highest free positions. Bit-identical for any 2:4
+input (at most 2 nonzeros per group). A group with 3 or 4 nonzeros is not 2:4: cuSPARSELt then
+stores the code of the table but values that are not the group's kept ones (probed); this kernel
+stores the table's positions, so the two differ there.
 Other shapes are padded by cuSPARSELt in ways not probed: they are rejected here. Other GPU
 generations use other layouts: cslt_compress calls torch._cslt_compress there.
 """
@@ -28,10 +31,11 @@ import triton.language as tl
 _DTYPES = (torch.float16, torch.bfloat16)
 PAIRS = list(itertools.combinations(range(4), 2))  # (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
 
-# nonzero set (bit p = position p nonzero) -> the kept positions (i0, i1) cuSPARSELt stores
+# nonzero set (bit p = position p nonzero) -> the kept positions (i0, i1) cuSPARSELt stores: the
+# nonzeros, padded with the highest free positions (-0.0 counts as zero; its bits are kept)
 _KEPT: tuple[tuple[int, int], ...] = (
-    (0, 1), (0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (1, 2), (0, 1),
-    (0, 3), (0, 3), (1, 3), (0, 1), (2, 3), (0, 2), (1, 2), (0, 1),
+    (2, 3), (0, 3), (1, 3), (0, 1), (2, 3), (0, 2), (1, 2), (0, 1),
+    (2, 3), (0, 3), (1, 3), (0, 1), (2, 3), (0, 2), (1, 2), (0, 1),
 )  # fmt: skip
 
 
