@@ -1,6 +1,9 @@
 """python -m bench.ffn: time one squared-ReLU FFN (bias-free Linear -> relu^2 -> Linear), sparse vs dense.
 
-Providers: sparse (torch.compile backend="sparse"), dense-eager, dense-compiled (default Inductor).
+Providers: sparse (torch.compile backend="sparse"), dense-eager, dense-compiled (default Inductor),
+and on CUDA the torch 2:4 route a user would try today: both weights 2:4-masked and converted with
+torch.sparse.to_sparse_semi_structured (cuSPARSELt), eager; those weights are frozen tensor
+subclasses, so its backward computes dX only (no dW1, dW2: less work than the other rows).
 Modes: fwd (forward with autograd state), full (fwd + bwd), bwd = full - fwd. Plus the sparse
 path's mask computations alone. Medians of triton.testing.do_bench on CUDA (a timing loop on CPU);
 TFLOP/s counts the dense FFN's FLOPs (fwd 4*T*d*h, bwd 8*T*d*h), so sparse and dense compare at
@@ -17,6 +20,7 @@ import torch
 import torch.nn as nn
 from tabulate import tabulate
 
+import sparse_compile
 from bench.env import environment, write_csv
 from sparse_compile.config import BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
@@ -49,6 +53,28 @@ def median_ms(fn: Callable[[], object], device: torch.device, reps: int) -> floa
     return statistics.median(times)
 
 
+TORCH_24 = "torch 2:4 weights (to_sparse_semi_structured, no dW)"
+
+
+def torch_semi_structured(base: FFN) -> nn.Module | None:
+    """A copy of ``base`` with 2:4 weights as SparseSemiStructuredTensor (cuSPARSELt), or None if
+    this torch/GPU refuses (the reason is printed)."""
+    import copy
+
+    from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+
+    SparseSemiStructuredTensor._FORCE_CUTLASS = False
+    model = copy.deepcopy(base)
+    try:
+        for lin in (model.fc, model.proj):
+            w = lin.weight.detach()
+            lin.weight = nn.Parameter(to_sparse_semi_structured(w * transposable_24_mask(w)), requires_grad=False)
+    except (RuntimeError, ValueError) as e:
+        print(f"{TORCH_24}: not run: {e}".splitlines()[0], flush=True)
+        return None
+    return model
+
+
 def bench_shape(
     t: int, d: int, h: int, dtype: torch.dtype, device: torch.device, sparsity: dict[str, dict], reps: int
 ) -> list[dict]:
@@ -63,6 +89,10 @@ def bench_shape(
         "dense-eager": base,
         "dense-compiled": torch.compile(base),
     } | {f"sparse {label}": torch.compile(base, backend="sparse", options=opts) for label, opts in sparsity.items()}
+    semi = torch_semi_structured(base) if device.type == "cuda" else None
+    if semi is not None:
+        providers[TORCH_24] = semi
+    n_reports = len(sparse_compile.compile_reports())
     flops = {"fwd": 4 * t * d * h, "bwd": 8 * t * d * h, "full": 12 * t * d * h}
     rows = []
     for name, model in providers.items():
@@ -88,6 +118,8 @@ def bench_shape(
                     "tflops": flops[mode] / ms[mode] / 1e9,
                 }
             )
+    for report in sparse_compile.compile_reports()[n_reports:]:
+        print(report, flush=True)
     best_dense = {m: min(r["ms"] for r in rows if r["mode"] == m and r["provider"].startswith("dense")) for m in flops}
     for r in rows:
         r["speedup_vs_best_dense"] = best_dense[r["mode"]] / r["ms"]

@@ -1,7 +1,8 @@
 """Squared-ReLU FFN with V:N:M activations on the compact operand (Triton kernels + cuBLAS).
 
 Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notation):
-  F1  Z = X W1^T + b1                   cuBLAS (dense; W1 arrives already 2:4-masked if configured)
+  F1  Z = X W1^T + b1                   cuBLAS (W1 arrives already 2:4-masked if configured), or
+                                        cuSPARSELt on the compressed W~1 when given an algorithm id
       h_c, r_c, ids = select(Z)         one memory pass (activation_select_triton.py)
   F2  Y = h_c @ W2^T[ids] + b2          gather-K GEMM, K = h*4/M
   B1  dZ_c = (dY @ W2^T[ids]^T) * 2 r_c gather-N GEMM with the dZ epilogue
@@ -29,9 +30,16 @@ def sqrelu_ffn_forward_gather(
     v: int,
     n: int,
     m: int,
+    f1_alg: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M])."""
-    z = F.linear(x, w1, b1)
+    """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
+    cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS."""
+    if f1_alg is None:
+        z = F.linear(x, w1, b1)
+    else:
+        from sparse_compile.f1_choice import sparse_f1
+
+        z = sparse_f1(x, w1, b1, f1_alg)
     h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
     del z
     y = gather_k_mm(h_c, ids, w2.t().contiguous(), v, b2)

@@ -30,10 +30,13 @@ def _add(graph: torch.fx.Graph, target, args: tuple, like: Node, fake_mode) -> N
     return node
 
 
-def rewrite_site(match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node], gather: bool) -> Node:
+def rewrite_site(
+    match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node], gather: bool, spec_suffix: str = ""
+) -> Node:
     """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites).
 
-    ``gather``: call the compact V:N:M op instead of the reference op.
+    ``gather``: call the compact V:N:M op instead of the reference op; ``spec_suffix``: the per-site
+    kernel choices appended to the op's spec (dispatch.KernelPlan.spec_suffix).
     """
     graph = match.second.graph
     # The example values' own fake mode: at backend time TracingContext holds another one.
@@ -57,7 +60,7 @@ def rewrite_site(match: FFNMatch, config: SparsityConfig, sparse_weights: dict[N
                     )
                 w = sparse_weights[w]
             weights.append(cast(w))
-        args = (cast(match.x), weights[0], cast(match.b1), weights[1], cast(match.b2), config.op_spec())
+        args = (cast(match.x), weights[0], cast(match.b1), weights[1], cast(match.b2), config.op_spec() + spec_suffix)
         ops = torch.ops.sparse_compile
         op = ops.sqrelu_ffn_vnm.default if gather else ops.sqrelu_ffn.default
         ffn = _add(graph, op, args, match.second, fake_mode)

@@ -8,6 +8,8 @@ The gather path needs V:N:M activations with V a multiple of 16, T a known multi
 bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. Anything else
 runs the reference kernels, and the report says why. kernels="triton" forces the gather path
 wherever the pattern allows (fp32 included; on CPU only under TRITON_INTERPRET=1, for tests).
+With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured faster than cuBLAS
+on this GPU at the site's shape (sparse_compile/f1_choice.py); the plan carries the algorithm id.
 2:4 weight masks on CUDA always come from the Triton kernel (kernels/weight_mask_triton.py), which
 gives the reference's answer, so it is not a choice here.
 """
@@ -29,14 +31,24 @@ class KernelPlan:
     kernel: str
     gather: bool
     why: str = ""  # why the fast path is not taken ("" when it is, or when none was asked for)
+    f1_alg: int | None = None  # cuSPARSELt algorithm of F1 (2:4 weights), None = cuBLAS
+    f1_why: str = ""  # the F1 measurement, for the report
+
+    @property
+    def spec_suffix(self) -> str:
+        """What the op's spec string adds for this plan."""
+        return "" if self.f1_alg is None else f";f1_alg={self.f1_alg}"
 
 
 def _reference(device_type: str, why: str = "") -> KernelPlan:
     return KernelPlan("reference" if device_type == "cpu" else "reference (cuda)", False, why)
 
 
-def plan_kernels(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig) -> KernelPlan:
-    """The kernels of a site whose input has ``tokens`` rows (an int or a SymInt) on ``device``."""
+def plan_kernels(
+    device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int = 0, h: int = 0
+) -> KernelPlan:
+    """The kernels of a site whose input has ``tokens`` rows (an int or a SymInt) on ``device``,
+    with W1 of shape [h, d] (0: unknown, no F1 choice)."""
     if device.type not in DEVICES:
         raise ValueError(f"sparse_compile: no kernels for device {device.type!r}; supported: {DEVICES}")
     if config.kernels == "reference":
@@ -58,4 +70,13 @@ def plan_kernels(device: torch.device, dtype: torch.dtype, tokens, config: Spars
         return _reference(device.type, f"{str(dtype).removeprefix('torch.')}: the fast kernels are bf16/fp16")
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return _reference(device.type, "GPU older than sm80")
+    if config.weights == "2:4" and d and h:
+        from sparse_compile import f1_choice
+
+        why = f1_choice.applies(device, dtype, d, h)
+        if why:
+            return KernelPlan(GATHER, True, f1_why=why if device.type == "cuda" else "")
+        t = int(tokens.node.hint) if isinstance(tokens, torch.SymInt) else int(tokens)
+        choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
+        return KernelPlan(GATHER, True, f1_alg=choice.alg, f1_why=choice.why)
     return KernelPlan(GATHER, True)

@@ -38,6 +38,7 @@ class OpSpec:
     kernels: str
     weight_grad: tuple[int, int, int] | None = None  # token-dim V:N:M of B2/B4, None = exact
     dense_frac: float = 0.0
+    f1_alg: int | None = None  # F1 through cuSPARSELt with this algorithm id (2:4 weights, sm90)
 
 
 @functools.cache
@@ -53,6 +54,7 @@ def parse_spec(spec: str) -> OpSpec:
         kernels=fields["kernels"],
         weight_grad=parse_weight_grad(fields.get("weight_grad", "dense")),
         dense_frac=float(fields.get("dense_frac", 0.0)),
+        f1_alg=int(fields["f1_alg"]) if "f1_alg" in fields else None,
     )
 
 
@@ -225,7 +227,7 @@ def sqrelu_ffn_vnm(
     _check_inputs(x, w1, w2)
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
-    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m)
+    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, parse_spec(spec).f1_alg)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
 
 

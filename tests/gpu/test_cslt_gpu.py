@@ -52,3 +52,60 @@ def test_sparse_mm_on_the_buffer_matches_dense(dtype):
     got = torch._cslt_sparse_mm(cslt_compress(w), x.t(), transpose_result=True)
     want = (x.float() @ w.float().t()).to(dtype)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sparse_f1_matches_linear_with_bias(dtype):
+    from sparse_compile.f1_choice import choose_f1, sparse_f1
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w = _random_24(2048, 1024, dtype, g)
+    x = torch.randn(4096, 1024, device="cuda", generator=g).to(dtype)
+    b = torch.randn(2048, device="cuda", generator=g).to(dtype)
+    want = torch.nn.functional.linear(x.float(), w.float(), b.float()).to(dtype)
+    choice = choose_f1(0, dtype, 4096, 1024, 2048)
+    assert choice.why.startswith("F1 cu")
+    for alg in {0, choice.alg} - {None}:
+        torch.testing.assert_close(sparse_f1(x, w, b, alg), want, rtol=2e-2, atol=5e-2)
+
+
+def test_gather_op_with_cusparselt_f1_matches_cublas_f1():
+    from sparse_compile import SparsityConfig
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g, device="cuda") * scale).to(torch.bfloat16).requires_grad_()
+
+    x, w1, b1, w2, b2 = r(4, 256, 512), r(2048, 512, scale=0.05), r(2048, scale=0.1), r(512, 2048, scale=0.02), r(512)
+    spec = SparsityConfig(weights="2:4", activations="64:2:8").op_spec()
+    ops = torch.ops.sparse_compile
+    outs = []
+    for suffix in ("", ";f1_alg=0"):
+        for t in (x, w1, b1, w2, b2):
+            t.grad = None
+        w1s, w2s = (ops.sparsify_weight(w, "2:4", 0.0) for w in (w1, w2))
+        y = ops.sqrelu_ffn_vnm(x, w1s, b1, w2s, b2, spec + suffix)[0]
+        (y.float() * torch.linspace(-1, 1, y.numel(), device="cuda").reshape(y.shape)).sum().backward()
+        outs.append([y.detach()] + [t.grad.clone() for t in (x, w1, b1, w2, b2)])
+    for i, (a, b) in enumerate(zip(*outs, strict=True)):
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-2, f"output {i}"
+
+
+def test_compiled_venom_model_reports_the_measured_f1_choice():
+    from sparse_compile import compile_reports
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+
+    class SqReLU(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x).square()
+
+    model[1] = SqReLU()
+    model = model.cuda().to(torch.bfloat16)
+    compiled = torch.compile(model, backend="sparse", options={"weights": "2:4", "activations": "64:2:8"})
+    x = torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16)
+    compiled(x).float().sum().backward()
+    (site,) = compile_reports()[-1].sparse_sites
+    assert "F1 cuSPARSELt alg" in site.record.note or "F1 cuBLAS (cuSPARSELt best" in site.record.note

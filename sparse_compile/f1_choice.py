@@ -1,0 +1,102 @@
+"""F1 = X W~1^T with 2:4 weights: cuSPARSELt or cuBLAS, decided by measuring on this GPU.
+
+cuSPARSELt's 2:4 GEMM is not always faster: measured on an H100 (bench/RESULTS.md) its best
+algorithm ran 1.12x cuBLAS at (T, d, h) = (16384, 2048, 8192), 1.07x at (16384, 4096, 16384) and
+0.12x at (4096, 1024, 4096) (a fixed ~0.4 ms per call); on an H200 1.13x and 1.43x. So at compile
+time, once per (GPU, dtype, T, d, h) in a process, every algorithm id cuSPARSELt offers is run on
+random data of the site's shape, checked against the dense product (some ids are known to give
+wrong results), and timed with the compression included (kernels/cslt_compress_triton.py, once per
+step for a changing weight) against F.linear. The fastest correct choice wins; the report says
+which and by how much.
+
+Only sm90 (the compressor's layout was read off Hopper) and shapes cuSPARSELt takes unpadded (h and
+d multiples of 64).
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+MAX_ALGS = 32  # cuSPARSELt 0.8 offers ids 0..17 at the shapes measured; stop at the first refused
+
+
+@dataclass(frozen=True)
+class F1Choice:
+    alg: int | None  # cuSPARSELt algorithm id, or None for cuBLAS
+    why: str
+
+
+def _ms(fn, reps: int = 20) -> float:
+    """Median of ``reps`` timed calls (CUDA events), after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def applies(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
+    """Why cuSPARSELt F1 cannot run here ("" when it can)."""
+    if device.type != "cuda":
+        return "F1 cuSPARSELt: CUDA only"
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return "F1 cuBLAS: the cuSPARSELt compressor is for sm90 only"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"F1 cuBLAS: cuSPARSELt F1 takes bf16/fp16, not {dtype}"
+    if d % 64 or h % 64:
+        return f"F1 cuBLAS: d={d}, h={h} not multiples of 64 (cuSPARSELt pads them)"
+    return ""
+
+
+@functools.cache
+def choose_f1(device_index: int, dtype: torch.dtype, tokens: int, d: int, h: int) -> F1Choice:
+    """Measure cuBLAS and every cuSPARSELt algorithm on F1 of this shape; the fastest correct one
+    (real tensors, also when called while a compile traces with fake ones)."""
+    with unset_fake_temporarily(), torch.no_grad(), torch.autocast("cuda", enabled=False):
+        return _measure(torch.device("cuda", device_index), dtype, tokens, d, h)
+
+
+def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: int) -> F1Choice:
+    from sparse_compile.kernels.cslt_compress_triton import cslt_compress
+
+    g = torch.Generator(device).manual_seed(0)
+    keep = torch.rand(h, d // 4, 4, device=device, generator=g).argsort(-1).argsort(-1) < 2
+    w = (torch.randn(h, d // 4, 4, device=device, generator=g) * keep).reshape(h, d).to(dtype)
+    x = torch.randn(tokens, d, device=device, generator=g).to(dtype)
+    b = torch.randn(h, device=device, generator=g).to(dtype)
+    want = F.linear(x.float(), w.float(), b.float())
+    dense_ms = _ms(lambda: F.linear(x, w, b))
+    best: tuple[float, int] | None = None
+    wc = cslt_compress(w)
+    for alg in range(MAX_ALGS):
+        try:
+            got = torch._cslt_sparse_mm(wc, x.t(), bias=b, transpose_result=True, alg_id=alg)
+        except RuntimeError:
+            break
+        if not torch.allclose(got.float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()):
+            continue
+        ms = _ms(lambda a=alg: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=a))
+        if best is None or ms < best[0]:
+            best = (ms, alg)
+    if best is None:
+        return F1Choice(None, "F1 cuBLAS: no cuSPARSELt algorithm gave the right answer")
+    ms, alg = best
+    if ms < dense_ms:
+        return F1Choice(alg, f"F1 cuSPARSELt alg {alg} ({dense_ms / ms:.2f}x cuBLAS measured, compression included)")
+    return F1Choice(None, f"F1 cuBLAS (cuSPARSELt best {dense_ms / ms:.2f}x, measured)")
+
+
+def sparse_f1(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, alg: int) -> torch.Tensor:
+    """Z = X W~1^T + b1 through cuSPARSELt (W~1 [h, d] 2:4 along d, compressed here)."""
+    from sparse_compile.kernels.cslt_compress_triton import cslt_compress
+
+    return torch._cslt_sparse_mm(cslt_compress(w1.contiguous()), x.t(), bias=b1, transpose_result=True, alg_id=alg)
