@@ -1,9 +1,11 @@
 """python -m bench.ffn: time one squared-ReLU FFN (bias-free Linear -> relu^2 -> Linear), sparse vs dense.
 
 Providers: sparse (torch.compile backend="sparse"), dense-eager, dense-compiled (default Inductor),
-and on CUDA the torch 2:4 route a user would try today: both weights 2:4-masked and converted with
-torch.sparse.to_sparse_semi_structured (cuSPARSELt), eager; those weights are frozen tensor
-subclasses, so its backward computes dX only (no dW1, dW2: less work than the other rows).
+and on CUDA the torch 2:4 route a user would try today: both weights pruned and packed by
+SparseSemiStructuredTensorCUSPARSELT.prune_dense_static_sort (cuSPARSELt, W and W^T packed, so the
+backward's dX runs sparse too; plain to_sparse_semi_structured packs W only and its backward
+raises), eager; those weights are frozen tensor subclasses, so its backward computes dX only (no
+dW1, dW2: less work than the other rows).
 Modes: fwd (forward with autograd state), full (fwd + bwd), bwd = full - fwd. Plus the sparse
 path's mask computations alone. Medians of triton.testing.do_bench on CUDA (a timing loop on CPU);
 TFLOP/s counts the dense FFN's FLOPs (fwd 4*T*d*h, bwd 8*T*d*h), so sparse and dense compare at
@@ -53,7 +55,7 @@ def median_ms(fn: Callable[[], object], device: torch.device, reps: int) -> floa
     return statistics.median(times)
 
 
-TORCH_24 = "torch 2:4 weights (to_sparse_semi_structured, no dW)"
+TORCH_24 = "torch 2:4 weights (semi-structured, no dW)"
 
 
 def torch_semi_structured(base: FFN) -> nn.Module | None:
@@ -61,15 +63,17 @@ def torch_semi_structured(base: FFN) -> nn.Module | None:
     this torch/GPU refuses (the reason is printed)."""
     import copy
 
-    from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+    from torch.sparse import SparseSemiStructuredTensorCUSPARSELT
 
-    SparseSemiStructuredTensor._FORCE_CUTLASS = False
     model = copy.deepcopy(base)
     try:
         for lin in (model.fc, model.proj):
-            w = lin.weight.detach()
-            lin.weight = nn.Parameter(to_sparse_semi_structured(w * transposable_24_mask(w)), requires_grad=False)
-    except (RuntimeError, ValueError) as e:
+            packed = SparseSemiStructuredTensorCUSPARSELT.prune_dense_static_sort(lin.weight.detach())
+            lin.weight = nn.Parameter(packed, requires_grad=False)
+        model(
+            torch.randn(64, base.fc.in_features, device="cuda", dtype=base.fc.weight.dtype, requires_grad=True)
+        ).sum().backward()
+    except (RuntimeError, ValueError, NotImplementedError) as e:
         print(f"{TORCH_24}: not run: {e}".splitlines()[0], flush=True)
         return None
     return model
