@@ -1,7 +1,8 @@
 """python -m bench.weight_mask_kernel: the Triton transposable 2:4 kernel on a GPU, exact and timed.
 
-For each weight shape and dtype: checks W~ and the mask against the reference bit for bit, then
-times both (triton.testing.do_bench medians). Bytes: read W, write W~ (2 x R*C*itemsize). The
+For each weight shape, dtype and kernel ("pairs", the default, and the first "dot" version):
+checks W~ and the mask against the reference bit for bit, then times both (triton.testing.do_bench
+medians). Bytes: read W, write W~ (2 x R*C*itemsize). The
 ceiling is the measured copy rate (bench/select_kernel.py:copy_gbps).
 """
 
@@ -23,6 +24,9 @@ SHAPES = [(8192, 2048), (2048, 8192), (16384, 4096), (4096, 16384)]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.weight_mask_kernel", description=__doc__)
     p.add_argument("--csv", help="write the rows here")
+    p.add_argument(
+        "--sweep", action="store_true", help="also time (tiles, num_warps) of the pairs kernel, bf16 16384x4096"
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -34,20 +38,37 @@ def main(argv: list[str] | None = None) -> int:
     for shape in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
             w = torch.randn(shape, device="cuda", dtype=dtype) * 0.02
-            got, mask = sparsify_24_triton(w, with_mask=True)
             want = transposable_24_mask(w)
-            exact = torch.equal(mask, want) and torch.equal(got, w * want)
-            ms = triton.testing.do_bench(lambda w=w: sparsify_24_triton(w), return_mode="median")
             ms_ref = triton.testing.do_bench(lambda w=w: w * transposable_24_mask(w), return_mode="median")
-            gbps = 2 * w.numel() * w.element_size() / ms / 1e6
-            rows.append(
-                {
-                    "shape": f"{shape[0]}x{shape[1]}", "dtype": str(dtype).removeprefix("torch."), "exact": exact,
-                    "ms": ms, "GB/s": gbps, "of copy": gbps / ceiling, "torch ms": ms_ref, "speedup": ms_ref / ms,
-                    "git": env["git"],
-                }
-            )  # fmt: skip
-            print(tabulate(rows[-1:], headers="keys", floatfmt=".3f", tablefmt="github"), flush=True)
+            for method in ("pairs", "dot"):
+                got, mask = sparsify_24_triton(w, with_mask=True, method=method)
+                exact = torch.equal(mask, want) and torch.equal(got, w * want)
+                ms = triton.testing.do_bench(
+                    lambda w=w, m=method: sparsify_24_triton(w, method=m), return_mode="median"
+                )
+                gbps = 2 * w.numel() * w.element_size() / ms / 1e6
+                rows.append(
+                    {
+                        "shape": f"{shape[0]}x{shape[1]}", "dtype": str(dtype).removeprefix("torch."), "method": method,
+                        "exact": exact, "ms": ms, "GB/s": gbps, "of copy": gbps / ceiling, "torch ms": ms_ref,
+                        "speedup": ms_ref / ms, "git": env["git"],
+                    }
+                )  # fmt: skip
+                print(tabulate(rows[-1:], headers="keys", floatfmt=".3f", tablefmt="github"), flush=True)
+    if args.sweep:
+        w = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+        want = sparsify_24_triton(w)
+        sweep = []
+        for tiles in (32, 64, 128, 256):
+            for warps in (1, 2, 4, 8):
+                if tiles < 32 * warps:
+                    continue
+                call = dict(tiles=tiles, num_warps=warps)
+                exact = torch.equal(sparsify_24_triton(w, **call), want)
+                ms = triton.testing.do_bench(lambda c=call: sparsify_24_triton(w, **c), return_mode="median")
+                sweep.append({"tiles": tiles, "warps": warps, "exact": exact, "ms": ms,
+                              "of copy": 4 * w.numel() / ms / 1e6 / ceiling})  # fmt: skip
+        print(tabulate(sorted(sweep, key=lambda r: r["ms"]), headers="keys", floatfmt=".3f", tablefmt="github"))
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         write_csv(args.csv, rows)

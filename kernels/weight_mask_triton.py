@@ -1,16 +1,19 @@
 """Transposable 2:4 weight mask in Triton (reference: kernels/weight_mask.py).
 
-One program scores TILES 4x4 tiles of W against all 90 patterns (padded to 128) as the reference
-does: |W| tiles [TILES, 16] @ patterns [16, 128] in float64 (tl.dot, fp64 accumulate). For
-bf16/fp16 weights the float64 sums of 8 values are exact, so the summation order cannot matter
-and the result is bit-identical to the reference (for fp32 weights, exact unless one tile's
-magnitudes span more than ~2^26). Best pattern = first maximum in the reference's pattern order
-(argmax, ties to the left); then W~ = W * mask is written, and the mask if asked.
+Two kernels, same answer. The default ("pairs", generated into kernels/weight_mask_pairs_triton.py
+by kernels/weight_mask_gen.py) scores each tile as sums of row-pair sums: 294 float64 adds per
+tile, one tile per lane, W read once in its own dtype.
 
-Bytes: a float32 copy of 16-bit W (see below), read it and W, write W~. Cost: 16 x 128 float64
-multiply-adds per tile (128 per weight): 8.6 G at 16384x4096. As 128
-separate broadcast FMAs per position this ran at 5.4 ms on an H100 (1.45x the torch route);
-through tl.dot it can use the fp64 tensor cores (67 TFLOP/s on H100: ~0.26 ms).
+The first version ("dot", below): one program scores TILES 4x4 tiles of W against all 90 patterns
+(padded to 128) as the reference does, |W| tiles [TILES, 16] @ patterns [16, 128] in float64
+(tl.dot, fp64 accumulate); 16 x 128 multiply-adds per tile, 8.6 G at 16384x4096; Triton 3.6
+needs a float32 copy of 16-bit W for it (see the launch).
+
+Both: for bf16/fp16 weights the float64 sums of 8 values are exact (for realistic weights: the
+magnitudes of one tile spanning less than 2^45), so the summation order cannot matter and the
+result is the reference's bit for bit (for fp32 weights, exact unless one tile's magnitudes span
+more than ~2^26). Best pattern = first maximum in the reference's pattern order (argmax, ties to
+the left); then W~ = W * mask is written, and the mask if asked.
 """
 
 import torch
@@ -18,6 +21,7 @@ import triton
 import triton.language as tl
 
 from sparse_compile.kernels.weight_mask import TRANSPOSABLE_24_PATTERNS
+from sparse_compile.kernels.weight_mask_pairs_triton import _transposable_24_pairs_kernel
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _P = 128  # patterns, padded to a power of two
@@ -60,8 +64,14 @@ def _transposable_24_kernel(
         tl.store(mask_ptr + m_at, keep, mask=ok)
 
 
-def sparsify_24_triton(w: torch.Tensor, with_mask: bool = False, tiles: int = 64):
-    """W * M(W) with M the transposable 2:4 mask; with ``with_mask``, (W * M, M as bool)."""
+def sparsify_24_triton(
+    w: torch.Tensor, with_mask: bool = False, tiles: int | None = None, method: str = "pairs", num_warps: int = 4
+):
+    """W * M(W) with M the transposable 2:4 mask; with ``with_mask``, (W * M, M as bool).
+
+    ``method``: "pairs" (kernels/weight_mask_pairs_triton.py: row-pair sums, one tile per lane) or
+    "dot" (all 90 scores as one float64 tl.dot per TILES tiles, the first version)."""
+    tiles = tiles or (128 if method == "pairs" else 64)
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in _DTYPES:
         raise ValueError(
             f"sparsify_24_triton: expected a 2-D weight of {_DTYPES}; got "
@@ -75,11 +85,19 @@ def sparsify_24_triton(w: torch.Tensor, with_mask: bool = False, tiles: int = 64
     w = w.detach()
     out = torch.empty_like(w, memory_format=torch.contiguous_format)
     mask = torch.empty(w.shape, dtype=torch.int8, device=w.device) if with_mask else out
+    n_tiles = rows // 4 * (cols // 4)
+    if method == "pairs":
+        _transposable_24_pairs_kernel[(triton.cdiv(n_tiles, tiles),)](
+            w, out, mask, rows // 4, cols // 4, w.stride(0), out.stride(0), mask.stride(0),
+            TILES=tiles, WRITE_MASK=with_mask, num_warps=num_warps,
+        )  # fmt: skip
+        return (out, mask.bool()) if with_mask else out
+    if method != "dot":
+        raise ValueError(f"sparsify_24_triton: method={method!r}; expected 'pairs' or 'dot'")
     p_table, bits = _pattern_tables(w.device)
     # Triton 3.6 cannot lower an fp64 dot whose operand was loaded as 16-bit ("fp64 don't support
     # largeK MMA"): score a float32 copy (exact: every bf16/fp16 value is a float32).
     s = w if w.dtype == torch.float32 else w.float()
-    n_tiles = rows // 4 * (cols // 4)
     _transposable_24_kernel[(triton.cdiv(n_tiles, tiles),)](
         s, w, out, mask, p_table, bits, rows // 4, cols // 4, s.stride(0), w.stride(0), out.stride(0), mask.stride(0),
         TILES=tiles, P=_P, NUM_PATTERNS=90, WRITE_MASK=with_mask,

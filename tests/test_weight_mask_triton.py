@@ -13,11 +13,12 @@ DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" 
 @pytest.mark.parametrize("shape", [(4, 4), (8, 12), (20, 36), (64, 16)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ties", [False, True])
-def test_equals_reference(shape, dtype, ties):
+@pytest.mark.parametrize("method", ["pairs", "dot"])
+def test_equals_reference(shape, dtype, ties, method):
     g = torch.Generator().manual_seed(shape[0] * shape[1])
     w = torch.randint(-2, 3, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     w = w.to(DEVICE, dtype)
-    got, mask = sparsify_24_triton(w, with_mask=True, tiles=16)
+    got, mask = sparsify_24_triton(w, with_mask=True, tiles=16, method=method)
     want = transposable_24_mask(w)
     assert torch.equal(mask, want)
     assert torch.equal(got, w * want) and torch.equal(got.signbit(), (w * want).signbit())  # -0.0 where dropped
@@ -42,3 +43,16 @@ def test_strided_rows():
 def test_rejects_bad_input(w, match):
     with pytest.raises(ValueError, match=match):
         sparsify_24_triton(w.to(DEVICE))
+
+
+def test_generated_kernel_is_what_the_generator_writes():
+    from sparse_compile.kernels import weight_mask_gen
+
+    assert weight_mask_gen.TARGET.read_text() == weight_mask_gen.kernel_source(), (
+        "regenerate: python -m sparse_compile.kernels.weight_mask_gen"
+    )
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="method='fast'"):
+        sparsify_24_triton(torch.randn(8, 8, device=DEVICE), method="fast")

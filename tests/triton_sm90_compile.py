@@ -22,6 +22,7 @@ from sparse_compile.kernels import activation_select_triton as select  # noqa: E
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import cslt_compress_triton as cslt  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
+from sparse_compile.kernels import weight_mask_pairs_triton as wpairs  # noqa: E402
 from sparse_compile.kernels import weight_mask_triton as wmask  # noqa: E402
 
 
@@ -66,6 +67,11 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types = {"s_ptr": "*fp32", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8", "p_ptr": "*fp64"}
         types["bits_ptr"] = "*i8"
         cases.append((f"transposable 2:4 {dt}", wmask._transposable_24_kernel, _sig(names, ce, types), ce))
+    for dt in ("fp32", "bf16", "fp16"):
+        ce = {"TILES": 128, "WRITE_MASK": True}
+        names = "w_ptr out_ptr mask_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m TILES WRITE_MASK"
+        types = {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8"}
+        cases.append((f"transposable 2:4 pairs {dt}", wpairs._transposable_24_pairs_kernel, _sig(names, ce, types), ce))
     for cfg in gemm._CONFIGS[:2]:  # the language is the same in every config; two tile shapes
         ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False)
         names = "c_ptr ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
