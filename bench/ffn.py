@@ -80,7 +80,14 @@ def torch_semi_structured(base: FFN) -> nn.Module | None:
 
 
 def bench_shape(
-    t: int, d: int, h: int, dtype: torch.dtype, device: torch.device, sparsity: dict[str, dict], reps: int
+    t: int,
+    d: int,
+    h: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    sparsity: dict[str, dict],
+    reps: int,
+    compile_mode: str = "default",
 ) -> list[dict]:
     """Rows for one shape: the dense providers, then "sparse <label>" for each entry of ``sparsity``."""
     torch.manual_seed(0)
@@ -91,7 +98,7 @@ def bench_shape(
     gy = torch.randn(t, d, device=device, dtype=dtype)
     providers = {
         "dense-eager": base,
-        "dense-compiled": torch.compile(base),
+        "dense-compiled": torch.compile(base, mode=None if compile_mode == "default" else compile_mode),
     } | {f"sparse {label}": torch.compile(base, backend="sparse", options=opts) for label, opts in sparsity.items()}
     semi = torch_semi_structured(base) if device.type == "cuda" else None
     if semi is not None:
@@ -162,11 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bf16 on CUDA, fp32 on CPU")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per row")
     p.add_argument("--csv", help="write every row to this CSV file")
+    p.add_argument(
+        "--compile-mode",
+        choices=("default", "reduce-overhead"),
+        default="default",
+        help="torch.compile mode of dense-compiled and the sparse rows (reduce-overhead: CUDA graphs)",
+    )
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
         sparsity = {text: options_from_text(text) for text in args.sparsity or ["venom"]}
+        if args.compile_mode != "default":
+            sparsity = {k: {**v, "mode": args.compile_mode} for k, v in sparsity.items()}
         for opts in sparsity.values():
             BackendOptions.parse(opts)
         shapes = (
@@ -182,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(f"{k}: {v}" for k, v in env.items()), f"\nsparsity: {list(sparsity)}, dtype: {dtype}", flush=True)
     rows = []
     for shape in shapes:
-        rows += bench_shape(*shape, dtype, device, sparsity, args.reps)
+        rows += bench_shape(*shape, dtype, device, sparsity, args.reps, args.compile_mode)
         torch._dynamo.reset()
     for r in rows:
         r.update({"dtype": str(dtype).removeprefix("torch."), **env})

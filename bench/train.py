@@ -130,6 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.config = BackendOptions.parse(options).config
     except ValueError as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
+    if args.compile_mode != "default":
+        options["mode"] = args.compile_mode
     args.options = options
     return args
 
@@ -223,7 +225,7 @@ def train_one(
     model = GPT(SIZES[args.size]).to(device)
     wrapped = distributed.wrap(model, d)
     if name == "dense":
-        compiled = torch.compile(wrapped)
+        compiled = torch.compile(wrapped, mode=None if args.compile_mode == "default" else args.compile_mode)
     else:
         compiled = torch.compile(wrapped, backend="sparse", options=args.options)
     opt = _optimizer(model, args)
