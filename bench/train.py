@@ -96,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="none",
         help="ddp or fsdp (FSDP2): launch with torchrun --nproc-per-node N -m bench.train ...",
     )
+    p.add_argument(
+        "--compile-mode",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+        default="default",
+        help="torch.compile mode of both runs (reduce-overhead: CUDA graphs, fewer launches per step)",
+    )
     args = p.parse_args(argv)
 
     if args.device == "auto":
