@@ -87,7 +87,7 @@ def sparsify_24_triton(
     mask = torch.empty(w.shape, dtype=torch.int8, device=w.device) if with_mask else out
     n_tiles = rows // 4 * (cols // 4)
     if method == "pairs":
-        _transposable_24_pairs_kernel[(triton.cdiv(n_tiles, tiles),)](
+        _transposable_24_pairs_kernel[(rows // 4 * triton.cdiv(cols // 4, tiles),)](
             w, out, mask, rows // 4, cols // 4, w.stride(0), out.stride(0), mask.stride(0),
             TILES=tiles, WRITE_MASK=with_mask, num_warps=num_warps,
         )  # fmt: skip
