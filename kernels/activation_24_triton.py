@@ -7,7 +7,7 @@ V:N:M rule with V=1, N=2, M=4), and write
   meta   [T, h/4]   uint8 per group: first kept index | second kept index << 2 (0 <= i < j <= 3)
   masked [T, h]     H~ = H * A, when asked (a consumer that wants the dense form)
 Bytes: read T*h, write T*h/2 values + T*h/4 meta (+ T*h): one pass, each program a [ROWS, 4*G]
-tile stored as contiguous row segments.
+tile loaded and stored as contiguous row segments (the group's 4 positions separated by splits).
 """
 
 import torch
@@ -39,28 +39,18 @@ def _act24_kernel(
     ROWS: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    grp = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
-    ok = (rows < T)[:, None] & (grp < G)[None, :]
-    base = rows[:, None].to(tl.int64) * stride_z + grp[None, :] * 4
+    cols = tl.program_id(1) * 4 * BLOCK_G + tl.arange(0, 4 * BLOCK_G)  # contiguous: vector loads
+    ok = (rows < T)[:, None] & (cols < 4 * G)[None, :]
     dtype = z_ptr.dtype.element_ty
-    h0 = tl.zeros((ROWS, BLOCK_G), dtype=tl.float32)
-    h1 = h0
-    h2 = h0
-    h3 = h0
-    for k in tl.static_range(4):
-        z = tl.load(z_ptr + base + k, mask=ok, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            z = z + tl.load(b_ptr + grp * 4 + k, mask=grp < G, other=0.0).to(tl.float32)[None, :]
-        r = tl.maximum(z.to(dtype).to(tl.float32), 0.0)
-        h = (r * r).to(dtype).to(tl.float32)
-        if k == 0:
-            h0 = h
-        elif k == 1:
-            h1 = h
-        elif k == 2:
-            h2 = h
-        else:
-            h3 = h
+    z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        z = z + tl.load(b_ptr + cols, mask=cols < 4 * G, other=0.0).to(tl.float32)[None, :]
+    r = tl.maximum(z.to(dtype).to(tl.float32), 0.0)
+    h = (r * r).to(dtype).to(tl.float32)
+    # [ROWS, 4 G] -> the 4 positions of each group as [ROWS, G] tensors: index 2a + b of [.., a, b]
+    h_even, h_odd = tl.split(tl.reshape(h, (ROWS, BLOCK_G, 2, 2)))  # b = 0: positions 0, 2; b = 1: 1, 3
+    h0, h2 = tl.split(h_even)
+    h1, h3 = tl.split(h_odd)
     # rank = #larger + #equal at a lower index; keep rank < 2
     k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < 2
     k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < 2
@@ -74,15 +64,16 @@ def _act24_kernel(
     cols2 = tl.program_id(1) * 2 * BLOCK_G + tl.arange(0, 2 * BLOCK_G)
     ok2 = (rows < T)[:, None] & (cols2 < 2 * G)[None, :]
     tl.store(val_ptr + rows[:, None].to(tl.int64) * stride_v + cols2[None, :], vals.to(dtype), mask=ok2)
+    grp = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    okg = (rows < T)[:, None] & (grp < G)[None, :]
     meta = (i0 | (i1 << 2)).to(tl.uint8)
-    tl.store(meta_ptr + rows[:, None].to(tl.int64) * stride_m + grp[None, :], meta, mask=ok)
+    tl.store(meta_ptr + rows[:, None].to(tl.int64) * stride_m + grp[None, :], meta, mask=okg)
     if MASKED:
         k3 = (k0.to(tl.int32) + k1.to(tl.int32) + k2.to(tl.int32)) == 1  # exactly 2 of the 4 are kept
-        o = rows[:, None].to(tl.int64) * stride_o + grp[None, :] * 4
-        tl.store(mask_out_ptr + o, tl.where(k0, h0, 0.0).to(dtype), mask=ok)
-        tl.store(mask_out_ptr + o + 1, tl.where(k1, h1, 0.0).to(dtype), mask=ok)
-        tl.store(mask_out_ptr + o + 2, tl.where(k2, h2, 0.0).to(dtype), mask=ok)
-        tl.store(mask_out_ptr + o + 3, tl.where(k3, h3, 0.0).to(dtype), mask=ok)
+        m_even = tl.join(tl.where(k0, h0, 0.0), tl.where(k2, h2, 0.0))
+        m_odd = tl.join(tl.where(k1, h1, 0.0), tl.where(k3, h3, 0.0))
+        hm = tl.reshape(tl.join(m_even, m_odd), (ROWS, 4 * BLOCK_G))
+        tl.store(mask_out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :], hm.to(dtype), mask=ok)
 
 
 def activation_24(z: torch.Tensor, bias: torch.Tensor | None = None, masked: bool = False):
