@@ -80,43 +80,38 @@ def cslt_compress_ref(a: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _cslt_kernel(a_ptr, out_ptr, meta_ptr, K, TILES: tl.constexpr):
+def _cslt_kernel(a_ptr, out_ptr, meta_ptr, kept_ptr, K, TILES: tl.constexpr):
     """One program: rows [64 b, 64 b + 64) x TILES tiles of 32 columns; 4 passes (r3, c2) of
-    [32 rows, TILES tiles, 16 contiguous columns], whose 4-bit codes land in the same
-    [32, 4 * TILES] int16 words."""
+    [32 rows, TILES * 16 columns], whose 4-bit codes land in the same [32, 4 * TILES] int16 words."""
     band = tl.program_id(0)
     tile0 = tl.program_id(1) * TILES
     i = tl.arange(0, 32)  # r5 r4 r2 r1 r0 of the row within the band
-    t = tl.arange(0, TILES)  # tile (of 32 columns) within the program
-    j = tl.arange(0, 16)  # column within the (r3, c2) half of a tile: contiguous, so vector loads
-    e = tl.arange(0, 8)  # kept value within the half
+    q = tl.arange(0, TILES * 16)  # tile t = q // 16, column j = q % 16 inside the (r3, c2) half
     g = tl.arange(0, TILES * 4)  # tile t = g // 4, group c_low = g % 4
+    v = tl.arange(0, TILES * 8)  # tile t = v // 8, kept value v % 8 of the half
     tiles_k = K // 32
-    tile_ok = (tile0 + t < tiles_k)[None, :, None]
     words = tl.zeros((32, TILES * 4), dtype=tl.int32)
     for half in tl.static_range(4):
         r3 = half % 2
         c2 = half // 2
         rows = band * 64 + (i // 8) * 16 + r3 * 8 + i % 8
-        at = rows[:, None, None].to(tl.int64) * K + ((tile0 + t) * 32 + c2 * 16)[None, :, None] + j[None, None, :]
-        x = tl.load(a_ptr + at, mask=tile_ok, other=0.0)  # [32, TILES, 16]
+        cols = (tile0 + q // 16) * 32 + c2 * 16 + q % 16
+        ok = (cols < K)[None, :]
+        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=ok, other=0.0)
         x02, x13 = tl.split(tl.reshape(x, (32, TILES * 4, 2, 2)))
         x0, x2 = tl.split(x02)
         x1, x3 = tl.split(x13)
-        # _KEPT as arithmetic: i0 = first nonzero (at most 2), i1 = the next nonzero after it, else 3
-        b0 = x0 != 0
-        b1 = x1 != 0
-        b2 = x2 != 0
-        i0 = tl.where(b0, 0, tl.where(b1, 1, 2))
-        i1 = tl.where(b0 & b1, 1, tl.where((b0 | b1) & b2, 2, 3))
-        code = i0 | i1 << 2
+        nz = (x0 != 0).to(tl.int32) | (x1 != 0).to(tl.int32) << 1 | (x2 != 0).to(tl.int32) << 2
+        nz = nz | (x3 != 0).to(tl.int32) << 3
+        code = tl.load(kept_ptr + nz)  # i0 | i1 << 2
+        i0 = code & 3
+        i1 = code >> 2
         v0 = tl.where(i0 == 0, x0, tl.where(i0 == 1, x1, x2))
         v1 = tl.where(i1 == 1, x1, tl.where(i1 == 2, x2, x3))
-        vals = tl.reshape(tl.join(v0, v1), (32, TILES, 8))
-        vat = (
-            rows[:, None, None].to(tl.int64) * (K // 2) + ((tile0 + t) * 16 + c2 * 8)[None, :, None] + e[None, None, :]
-        )
-        tl.store(out_ptr + vat, vals, mask=tile_ok)
+        vals = tl.reshape(tl.join(v0, v1), (32, TILES * 8))
+        vcols = (tile0 + v // 8) * 16 + c2 * 8 + v % 8
+        vok = (vcols < K // 2)[None, :]
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :], vals, mask=vok)
         words = words | code << (4 * r3 + 8 * c2)
     tile = band * tiles_k + tile0 + g // 4
     slot_words = tile[None, :].to(tl.int64) * 128 + i[:, None] * 4 + (g % 4)[None, :]
@@ -125,13 +120,22 @@ def _cslt_kernel(a_ptr, out_ptr, meta_ptr, K, TILES: tl.constexpr):
     tl.store(meta_ptr + slot_words, words16, mask=wok)
 
 
+_KEPT_CODES: dict[torch.device, torch.Tensor] = {}
+
+
+def _kept_codes(device: torch.device) -> torch.Tensor:
+    if device not in _KEPT_CODES:
+        _KEPT_CODES[device] = torch.tensor([i0 | i1 << 2 for i0, i1 in _KEPT], dtype=torch.int32, device=device)
+    return _KEPT_CODES[device]
+
+
 def cslt_compress_triton(a: torch.Tensor, tiles: int = 8, num_warps: int = 4) -> torch.Tensor:
     """The sm90 buffer of A (what torch._cslt_compress writes on Hopper), one Triton pass."""
     m, k = _check(a)
     out = torch.empty(m, k // 2 + k // 16, dtype=a.dtype, device=a.device)
     meta = out.view(-1).view(torch.int16)[m * k // 2 :]
     grid = (m // 64, triton.cdiv(k // 32, tiles))
-    _cslt_kernel[grid](a, out, meta, k, TILES=tiles, num_warps=num_warps)
+    _cslt_kernel[grid](a, out, meta, _kept_codes(a.device), k, TILES=tiles, num_warps=num_warps)
     return out
 
 

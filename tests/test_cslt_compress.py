@@ -10,6 +10,7 @@ import torch
 from bench.cslt_probe import PROBE_SHAPES, degenerate_probes, probes
 from sparse_compile.kernels.cslt_compress_triton import cslt_compress_ref, cslt_compress_triton, meta_slots
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel writes the sm90 layout on any device
 DATA = sorted((Path(__file__).parent / "data").glob("cslt_sm90_probe_*.npz"))
 SHAPES = [(m, k) for m, k in PROBE_SHAPES if m % 64 == 0 and k % 64 == 0]
 
@@ -21,7 +22,13 @@ def recorded(request) -> dict[str, np.ndarray]:
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
-    return t.view(torch.int16).numpy()
+    return t.view(torch.int16).cpu().numpy()
+
+
+def _triton(a: torch.Tensor, **kw) -> torch.Tensor:
+    """The kernel on DEVICE, fed fp16 holding A's bits (the interpreter's bf16 is not trusted, and
+    the layout depends only on the element size)."""
+    return cslt_compress_triton(a.view(torch.int16).view(torch.float16).to(DEVICE), **kw)
 
 
 @pytest.mark.parametrize("m, k", SHAPES)
@@ -63,11 +70,8 @@ def test_reference_equals_cusparselt_on_groups_with_fewer_or_more_nonzeros(recor
 
 @pytest.mark.parametrize("m, k", [(64, 64), (128, 256)])
 def test_triton_equals_cusparselt(recorded, m, k):
-    """The kernel in the interpreter (fp16 holding the same bits: the interpreter's bf16 is not
-    trusted, and the layout depends only on the element size)."""
     for name in ("val_rc", "val_rand", "uni_3", "bit_0_1", "bit_1_4"):
-        a = probes(m, k)[name].view(torch.int16).view(torch.float16)
-        assert np.array_equal(_bits(cslt_compress_triton(a)), recorded[f"{m}x{k}/{name}"]), name
+        assert np.array_equal(_bits(_triton(probes(m, k)[name])), recorded[f"{m}x{k}/{name}"]), name
 
 
 @pytest.mark.parametrize("m, k, tiles", [(128, 192, 8), (192, 128, 2), (64, 64, 4)])
@@ -80,9 +84,7 @@ def test_triton_equals_reference_with_zeros(m, k, tiles, dtype):
     a = torch.randn(m, k // 4, 4, generator=g) * keep
     a = torch.where(torch.rand(a.shape, generator=g) < 0.3, -0.0 * a.sign(), a).reshape(m, k)
     a = a.to(dtype)
-    ref = cslt_compress_ref(a)
-    run = a.view(torch.int16).view(torch.float16)  # see test_triton_equals_cusparselt
-    assert np.array_equal(_bits(cslt_compress_triton(run, tiles=tiles)), _bits(ref))
+    assert np.array_equal(_bits(_triton(a, tiles=tiles)), _bits(cslt_compress_ref(a)))
 
 
 def test_reference_round_trips():
@@ -114,7 +116,6 @@ def test_rejects_bad_input(a, match):
 
 
 def test_triton_keeps_what_the_table_keeps_for_all_16_nonzero_sets():
-    """The kernel computes the kept positions arithmetically; the reference looks them up in _KEPT."""
+    """Groups with 0-4 nonzeros, +-0.0, rising and falling magnitudes: kernel equals reference."""
     for name, a in degenerate_probes().items():
-        run = a.view(torch.int16).view(torch.float16)
-        assert np.array_equal(_bits(cslt_compress_triton(run)), _bits(cslt_compress_ref(a))), name
+        assert np.array_equal(_bits(_triton(a)), _bits(cslt_compress_ref(a))), name

@@ -47,12 +47,12 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     cases.append(("activation 2:4", act24._act24_kernel, _sig(names, ce, types), ce))
     for dt in ("bf16", "fp16"):
         ce = {"TILES": 8}
-        types = {"a_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i16"}
+        types = {"a_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i16", "kept_ptr": "*i32"}
         cases.append(
             (
                 f"cuSPARSELt compress {dt}",
                 cslt._cslt_kernel,
-                _sig("a_ptr out_ptr meta_ptr K TILES", ce, types),
+                _sig("a_ptr out_ptr meta_ptr kept_ptr K TILES", ce, types),
                 ce,
             )
         )
