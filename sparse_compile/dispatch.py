@@ -76,7 +76,9 @@ def plan_kernels(
         why = f1_choice.applies(device, dtype, d, h)
         if why:
             return KernelPlan(GATHER, True, f1_why=why if device.type == "cuda" else "")
-        t = int(tokens.node.hint) if isinstance(tokens, torch.SymInt) else int(tokens)
+        t = tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
+        if t is None:
+            return KernelPlan(GATHER, True, f1_why="F1 cuBLAS: no example token count to measure at")
         choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
         return KernelPlan(GATHER, True, f1_alg=choice.alg, f1_why=choice.why)
     return KernelPlan(GATHER, True)

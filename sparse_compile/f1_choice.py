@@ -73,7 +73,8 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     w = (torch.randn(h, d // 4, 4, device=device, generator=g) * keep).reshape(h, d).to(dtype)
     x = torch.randn(tokens, d, device=device, generator=g).to(dtype)
     b = torch.randn(h, device=device, generator=g).to(dtype)
-    want = F.linear(x.float(), w.float(), b.float())
+    check = min(tokens, 1024)  # rows compared against the float32 product (a [T, h] fp32 copy is large)
+    want = F.linear(x[:check].float(), w.float(), b.float())
     dense_ms = _ms(lambda: F.linear(x, w, b))
     best: tuple[float, int] | None = None
     wc = cslt_compress(w)
@@ -82,7 +83,9 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
             got = torch._cslt_sparse_mm(wc, x.t(), bias=b, transpose_result=True, alg_id=alg)
         except RuntimeError:
             break
-        if not torch.allclose(got.float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()):
+        if got.shape != (tokens, h) or not torch.allclose(
+            got[:check].float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()
+        ):
             continue
         ms = _ms(lambda a=alg: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=a))
         if best is None or ms < best[0]:
