@@ -6,10 +6,18 @@ Run in a fresh process (no TRITON_INTERPRET): python -m tests.triton_sm90_compil
 The GPU machines run Triton 3.6; CI gets the newest Triton, whose compiler accepts some things 3.6
 does not (an fp64 dot on 16-bit loads). Before a GPU run, also check against 3.6:
 pip install --target /tmp/t36 --no-deps triton==3.6.0; PYTHONPATH=/tmp/t36 python -m tests.triton_sm90_compile
+
+Each kernel is compiled twice: as written (any argument values), and with every pointer and int
+argument marked divisible by 16, which is how Triton specializes a launch on our usual shapes and
+strides. The second compile's PTX shows the real memory instructions; the kernels in VECTORIZED
+must not load or store 16-bit elements one at a time (ld/st.global.b16): scalar accesses cost
+2.5-4.5x in two kernels before (bench/RESULTS.md 4i), and nothing else catches them on a CPU.
 """
 
 import os
+import re
 import sys
+from collections import Counter
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -86,17 +94,35 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     return cases
 
 
+VECTORIZED = ("select 128:2:16", "select 64:2:8", "activation 2:4", "cuSPARSELt", "transposable 2:4 pairs", "gather")
+
+
+def memory_ops(ptx: str) -> Counter:
+    """Global load/store instructions of a PTX text by kind, e.g. {'ld.global.v4.b32': 8}."""
+    return Counter(re.findall(r"(?:ld|st)\.global(?:\.\w+)*", ptx))
+
+
 def main() -> int:
     failed = 0
+    target = GPUTarget("cuda", 90, 32)
     for name, fn, signature, constexprs in kernels():
         try:
-            triton.compile(
-                ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
-            )
-            print(f"ok      {name}")
+            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+            div16 = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature) if signature[n] != "constexpr"}
+            ptx = triton.compile(
+                ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target
+            ).asm["ptx"]
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAILED  {name}: {type(e).__name__}: {str(e)[:2000]}")
+            continue
+        ops = memory_ops(ptx)
+        scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
+        if name.startswith(VECTORIZED) and scalar16:
+            failed += 1
+            print(f"FAILED  {name}: scalar 16-bit global accesses {scalar16} (all: {dict(ops)})")
+        else:
+            print(f"ok      {name}  {dict(ops)}")
     return 1 if failed else 0
 
 
