@@ -65,10 +65,32 @@ def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:
     return rows
 
 
+def sweep_compress(ceiling: float) -> list[dict]:
+    """The Triton compressor's tilings on a random 2:4 16384 x 16384 bf16 tensor, each checked
+    bit-identical to torch._cslt_compress."""
+    z = random_24(16384, 16384, torch.Generator("cuda").manual_seed(1))
+    want = torch._cslt_compress(z).view(torch.int16)
+    out = []
+    for tiles in (2, 4, 8, 16):
+        for warps in (2, 4, 8):
+            exact = torch.equal(cslt_compress_triton(z, tiles=tiles, num_warps=warps).view(torch.int16), want)
+            ms = triton.testing.do_bench(
+                lambda t=tiles, w=warps: cslt_compress_triton(z, tiles=t, num_warps=w), return_mode="median"
+            )
+            nbytes = z.numel() * 3.125
+            out.append(
+                {"tiles": tiles, "warps": warps, "exact": exact, "ms": ms, "of copy": nbytes / ms / 1e6 / ceiling}
+            )
+    return sorted(out, key=lambda r: r["ms"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cslt_mm", description=__doc__)
     p.add_argument("--shapes", default="16384,2048,8192;16384,4096,16384;4096,1024,4096", help="T,d,h;...")
     p.add_argument("--csv", help="write the rows here")
+    p.add_argument(
+        "--sweep", action="store_true", help="also time the compressor's (tiles, num_warps) on a 16384 x 16384 Z"
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -81,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         t, d, h = (int(s) for s in shape.split(","))
         rows += bench_shape(t, d, h, env["git"], ceiling)
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
+    if args.sweep:
+        print(tabulate(sweep_compress(ceiling), headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         write_csv(args.csv, rows)
     return 0
