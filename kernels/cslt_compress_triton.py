@@ -3,9 +3,10 @@
 torch._cslt_compress(A) takes 4.6 ms on a 16384 x 8192 bf16 tensor on an H100, several times the
 GEMM it feeds; this kernel writes the same buffer, bit for bit, in one pass (read A, write half of
 it plus metadata). The layout is undocumented; bench/cslt_probe.py read it off _cslt_compress on an
-H200 (torch 2.11, cuSPARSELt 0.8.0), and tests/data/cslt_sm90_probe.npz keeps real outputs that the
-CPU tests compare against. For A [m, k] bf16/fp16, 2:4 along k (the GEMM's K), m % 64 == 0 and
-k % 64 == 0, the buffer has A's dtype, shape [m, k/2 + k/16] (m*k/2 + m*k/16 elements), and holds
+H200 and an H100 (torch 2.11, cuSPARSELt 0.8.0), and tests/data/cslt_sm90_probe_{h200,h100}.npz
+keep real outputs that the CPU tests compare against. For A [m, k] bf16/fp16, 2:4 along k (the
+GEMM's K), m % 64 == 0 and k % 64 == 0, the buffer has A's dtype, shape [m, k/2 + k/16]
+(m*k/2 + m*k/16 elements), and holds
   values    flat [0, m*k/2): the kept values as a row-major [m, k/2], a group's two in column order
   metadata  the rest, read as int16 words: one 4-bit code per group of 4, code = i0 | i1 << 2 for
             the kept positions i0 < i1 of the group, at nibble slot s (bits 4*(s%4).. of word s//4)
