@@ -23,14 +23,11 @@ Other shapes are padded by cuSPARSELt in ways not probed: they are rejected here
 generations use other layouts: cslt_compress calls torch._cslt_compress there.
 """
 
-import itertools
-
 import torch
 import triton
 import triton.language as tl
 
 _DTYPES = (torch.float16, torch.bfloat16)
-PAIRS = list(itertools.combinations(range(4), 2))  # (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
 
 # nonzero set (bit p = position p nonzero) -> the kept positions (i0, i1) cuSPARSELt stores: the
 # nonzeros, padded with the highest free positions (-0.0 counts as zero; its bits are kept)
@@ -38,6 +35,14 @@ _KEPT: tuple[tuple[int, int], ...] = (
     (2, 3), (0, 3), (1, 3), (0, 1), (2, 3), (0, 2), (1, 2), (0, 1),
     (2, 3), (0, 3), (1, 3), (0, 1), (2, 3), (0, 2), (1, 2), (0, 1),
 )  # fmt: skip
+
+
+def random_24(rows: int, cols: int, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[rows, cols] normal values on the generator's device, 2 of every 4 along cols kept at random
+    positions (the others 0.0 or -0.0): input for tests and measurements of 2:4 operands."""
+    dev = generator.device
+    keep = torch.rand(rows, cols // 4, 4, device=dev, generator=generator).argsort(-1).argsort(-1) < 2
+    return (torch.randn(rows, cols // 4, 4, device=dev, generator=generator) * keep).reshape(rows, cols).to(dtype)
 
 
 def _check(a: torch.Tensor) -> tuple[int, int]:

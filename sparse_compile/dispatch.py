@@ -70,12 +70,12 @@ def plan_kernels(
         return _reference(device.type, f"{str(dtype).removeprefix('torch.')}: the fast kernels are bf16/fp16")
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return _reference(device.type, "GPU older than sm80")
-    if config.weights == "2:4" and d and h:
+    if config.weights == "2:4" and d and h and device.type == "cuda":
         from sparse_compile import f1_choice
 
         why = f1_choice.applies(device, dtype, d, h)
         if why:
-            return KernelPlan(GATHER, True, f1_why=why if device.type == "cuda" else "")
+            return KernelPlan(GATHER, True, f1_why=why)
         t = tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
         if t is None:
             return KernelPlan(GATHER, True, f1_why="F1 cuBLAS: no example token count to measure at")

@@ -45,9 +45,7 @@ def _ms(fn, reps: int = 25) -> float:
 
 
 def applies(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
-    """Why cuSPARSELt F1 cannot run here ("" when it can)."""
-    if device.type != "cuda":
-        return "F1 cuSPARSELt: CUDA only"
+    """Why cuSPARSELt F1 cannot run on this CUDA ``device`` ("" when it can)."""
     if torch.cuda.get_device_capability(device)[0] != 9:
         return "F1 cuBLAS: the cuSPARSELt compressor is for sm90 only"
     if dtype not in (torch.bfloat16, torch.float16):
@@ -66,11 +64,10 @@ def choose_f1(device_index: int, dtype: torch.dtype, tokens: int, d: int, h: int
 
 
 def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: int) -> F1Choice:
-    from sparse_compile.kernels.cslt_compress_triton import cslt_compress
+    from sparse_compile.kernels.cslt_compress_triton import cslt_compress, random_24
 
     g = torch.Generator(device).manual_seed(0)
-    keep = torch.rand(h, d // 4, 4, device=device, generator=g).argsort(-1).argsort(-1) < 2
-    w = (torch.randn(h, d // 4, 4, device=device, generator=g) * keep).reshape(h, d).to(dtype)
+    w = random_24(h, d, g, dtype)
     x = torch.randn(tokens, d, device=device, generator=g).to(dtype)
     b = torch.randn(h, device=device, generator=g).to(dtype)
     check = min(tokens, 1024)  # rows compared against the float32 product (a [T, h] fp32 copy is large)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.cslt_probe import PROBE_SHAPES, degenerate_probes, probes
-from sparse_compile.kernels.cslt_compress_triton import cslt_compress_ref, cslt_compress_triton, meta_slots
+from sparse_compile.kernels.cslt_compress_triton import cslt_compress_ref, cslt_compress_triton, meta_slots, random_24
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel writes the sm90 layout on any device
 DATA = sorted((Path(__file__).parent / "data").glob("cslt_sm90_probe_*.npz"))
@@ -80,8 +80,7 @@ def test_triton_equals_reference_with_zeros(m, k, tiles, dtype):
     """Random values with a 2:4 mask and extra zeros (kept zeros, -0.0, whole zero groups), k not a
     multiple of the program's tile count."""
     g = torch.Generator().manual_seed(m * k + tiles)
-    keep = torch.rand(m, k // 4, 4, generator=g).argsort(-1).argsort(-1) < 2
-    a = torch.randn(m, k // 4, 4, generator=g) * keep
+    a = random_24(m, k, g).reshape(m, k // 4, 4)
     a = torch.where(torch.rand(a.shape, generator=g) < 0.3, -0.0 * a.sign(), a).reshape(m, k)
     a = a.to(dtype)
     assert np.array_equal(_bits(_triton(a, tiles=tiles)), _bits(cslt_compress_ref(a)))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparse_compile.kernels.activation_mask import vnm_mask
-from sparse_compile.kernels.cslt_compress_triton import cslt_compress, cslt_compress_triton
+from sparse_compile.kernels.cslt_compress_triton import cslt_compress, cslt_compress_triton, random_24
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)"),
@@ -14,11 +14,6 @@ pytestmark = [
         reason="the layout was read off sm90 (Hopper); other GPUs use torch._cslt_compress",
     ),
 ]
-
-
-def _random_24(m: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
-    keep = torch.rand(m, k // 4, 4, device="cuda", generator=g).argsort(-1).argsort(-1) < 2
-    return (torch.randn(m, k // 4, 4, device="cuda", generator=g) * keep).reshape(m, k).to(dtype)
 
 
 def _relu2_24(m: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
@@ -32,7 +27,7 @@ def _relu2_24(m: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.T
 @pytest.mark.parametrize("kind", ["random", "relu2", "negzero"])
 def test_bit_identical_to_cslt_compress(m, k, dtype, kind):
     g = torch.Generator(device="cuda").manual_seed(m + k)
-    a = _relu2_24(m, k, dtype, g) if kind == "relu2" else _random_24(m, k, dtype, g)
+    a = _relu2_24(m, k, dtype, g) if kind == "relu2" else random_24(m, k, g, dtype)
     if kind == "negzero":  # W * mask: pruned negative weights are -0.0
         dense = torch.randn(m, k, device="cuda", generator=g).to(dtype)
         a = dense * (a != 0)
@@ -47,7 +42,7 @@ def test_bit_identical_to_cslt_compress(m, k, dtype, kind):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sparse_mm_on_the_buffer_matches_dense(dtype):
     g = torch.Generator(device="cuda").manual_seed(7)
-    w = _random_24(2048, 1024, dtype, g)
+    w = random_24(2048, 1024, g, dtype)
     x = torch.randn(4096, 1024, device="cuda", generator=g).to(dtype)
     got = torch._cslt_sparse_mm(cslt_compress(w), x.t(), transpose_result=True)
     want = (x.float() @ w.float().t()).to(dtype)
@@ -59,7 +54,7 @@ def test_sparse_f1_matches_linear_with_bias(dtype):
     from sparse_compile.f1_choice import choose_f1, sparse_f1
 
     g = torch.Generator(device="cuda").manual_seed(3)
-    w = _random_24(2048, 1024, dtype, g)
+    w = random_24(2048, 1024, g, dtype)
     x = torch.randn(4096, 1024, device="cuda", generator=g).to(dtype)
     b = torch.randn(2048, device="cuda", generator=g).to(dtype)
     want = torch.nn.functional.linear(x.float(), w.float(), b.float()).to(dtype)
