@@ -11,6 +11,7 @@ The speedup column is over dense mm for the GEMM rows, over torch._cslt_compress
 """
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -18,20 +19,14 @@ import triton.testing
 from tabulate import tabulate
 
 from bench.env import environment, write_csv
-from bench.select_kernel import copy_gbps
-from sparse_compile.kernels.cslt_compress_triton import cslt_compress_triton
-
-
-def random_24(rows: int, cols: int, gen: torch.Generator) -> torch.Tensor:
-    """[rows, cols] bf16 normal values, 2 of every 4 along cols kept at random positions."""
-    w = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, generator=gen)
-    keep = torch.rand(rows, cols // 4, 4, device="cuda", generator=gen).argsort(-1).argsort(-1) < 2
-    return w * keep.reshape(rows, cols)
+from bench.gpu_timing import copy_gbps, sweep_tilings
+from sparse_compile.f1_choice import MAX_ALGS
+from sparse_compile.kernels.cslt_compress_triton import cslt_compress_triton, random_24
 
 
 def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:
     gen = torch.Generator("cuda").manual_seed(0)
-    w = random_24(h, d, gen)
+    w = random_24(h, d, gen, torch.bfloat16)
     x = torch.randn(t, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = x @ w.t()
     dense_ms = triton.testing.do_bench(lambda: x @ w.t(), return_mode="median")
@@ -42,7 +37,7 @@ def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:
     xt = x.t()
     best = torch._cslt_sparse_mm_search(wc, xt, transpose_result=True)
     print(f"({t}, {d}, {h}): _cslt_sparse_mm_search picks alg {best}", flush=True)
-    for alg in range(16):
+    for alg in range(MAX_ALGS):
         try:
             got = torch._cslt_sparse_mm(wc, xt, transpose_result=True, alg_id=alg)
         except RuntimeError:
@@ -53,7 +48,7 @@ def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:
         rows.append({"T": t, "d": d, "h": h, "what": "cslt 2:4 W1" + (" (search)" if alg == best else ""),
                      "alg": alg, "ok": ok, "ms": ms, "TFLOP/s": flops / ms / 1e9, "speedup": dense_ms / ms,
                      "git": git})  # fmt: skip
-    for name, a in (("W1 [h, d]", w), ("Z [T, h]", random_24(t, h, gen))):
+    for name, a in (("W1 [h, d]", w), ("Z [T, h]", random_24(t, h, gen, torch.bfloat16))):
         nbytes = a.numel() * (2 + 1.125)
         ms_torch = triton.testing.do_bench(lambda a=a: torch._cslt_compress(a), return_mode="median")
         exact = torch.equal(cslt_compress_triton(a).view(torch.int16), torch._cslt_compress(a).view(torch.int16))
@@ -68,20 +63,16 @@ def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:
 def sweep_compress(ceiling: float) -> list[dict]:
     """The Triton compressor's tilings on a random 2:4 16384 x 16384 bf16 tensor, each checked
     bit-identical to torch._cslt_compress."""
-    z = random_24(16384, 16384, torch.Generator("cuda").manual_seed(1))
+    z = random_24(16384, 16384, torch.Generator("cuda").manual_seed(1), torch.bfloat16)
     want = torch._cslt_compress(z).view(torch.int16)
-    out = []
-    for tiles in (2, 4, 8, 16):
-        for warps in (2, 4, 8):
-            exact = torch.equal(cslt_compress_triton(z, tiles=tiles, num_warps=warps).view(torch.int16), want)
-            ms = triton.testing.do_bench(
-                lambda t=tiles, w=warps: cslt_compress_triton(z, tiles=t, num_warps=w), return_mode="median"
-            )
-            nbytes = z.numel() * 3.125
-            out.append(
-                {"tiles": tiles, "warps": warps, "exact": exact, "ms": ms, "of copy": nbytes / ms / 1e6 / ceiling}
-            )
-    return sorted(out, key=lambda r: r["ms"])
+    configs = [{"tiles": t, "num_warps": nw} for t in (2, 4, 8, 16) for nw in (2, 4, 8)]
+    return sweep_tilings(
+        functools.partial(cslt_compress_triton, z),
+        configs,
+        lambda got: torch.equal(got.view(torch.int16), want),
+        z.numel() * 3.125,
+        ceiling,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import triton.testing
 from tabulate import tabulate
 
 from bench.env import environment, write_csv
-from bench.select_kernel import copy_gbps
+from bench.gpu_timing import copy_gbps
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm

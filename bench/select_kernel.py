@@ -9,6 +9,7 @@ the masked dense H~ (T*h*2) in the "+ masked" rows. The ceiling is the measured 
 """
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -16,18 +17,12 @@ import triton.testing
 from tabulate import tabulate
 
 from bench.env import environment, write_csv
+from bench.gpu_timing import copy_gbps, sweep_tilings
 from sparse_compile.kernels.activation_24_triton import activation_24, activation_24_ref
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 
 PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16)]
-
-
-def copy_gbps() -> float:
-    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    return 2 * src.numel() * 2 / ms / 1e6
 
 
 def sweep(t: int, h: int, ceiling: float) -> list[dict]:
@@ -37,21 +32,22 @@ def sweep(t: int, h: int, ceiling: float) -> list[dict]:
     for v, n, m in [(128, 2, 16), (64, 2, 8), (128, 2, 8)]:
         want = vnm_select_compact(z, None, v, n, m)
         nbytes = t * h * 2 + 2 * t * h * 4 // m * 2 + (t // v) * h * 4 // m * 4
-        for block_g in (512 // m, 256 // m, 128 // m, 64 // m):
-            for rows in (4, 8, 16, 32):
-                for warps in (4, 8):
-                    if block_g * m * rows > 16384:
-                        continue
-                    call = (z, None, v, n, m, block_g, rows, warps)
-                    exact = all(torch.equal(a, b) for a, b in zip(vnm_select_compact(*call), want, strict=True))
-                    ms = triton.testing.do_bench(lambda c=call: vnm_select_compact(*c), return_mode="median")
-                    out.append(
-                        {
-                            "pattern": f"{v}:{n}:{m}", "block_g": block_g, "rows": rows, "warps": warps,
-                            "exact": exact, "ms": ms, "of copy": nbytes / ms / 1e6 / ceiling,
-                        }
-                    )  # fmt: skip
-    return sorted(out, key=lambda r: (r["pattern"], r["ms"]))
+        configs = [
+            {"block_g": block_g, "rows": rows, "num_warps": warps}
+            for block_g in (512 // m, 256 // m, 128 // m, 64 // m)
+            for rows in (4, 8, 16, 32)
+            for warps in (4, 8)
+            if block_g * m * rows <= 16384
+        ]
+        out += sweep_tilings(
+            functools.partial(vnm_select_compact, z, None, v, n, m),
+            configs,
+            lambda got, want=want: all(torch.equal(a, b) for a, b in zip(got, want, strict=True)),
+            nbytes,
+            ceiling,
+            pattern=f"{v}:{n}:{m}",
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

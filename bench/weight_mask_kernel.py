@@ -3,10 +3,11 @@
 For each weight shape, dtype and kernel ("pairs", the default, and the first "dot" version):
 checks W~ and the mask against the reference bit for bit, then times both (triton.testing.do_bench
 medians). Bytes: read W, write W~ (2 x R*C*itemsize). The
-ceiling is the measured copy rate (bench/select_kernel.py:copy_gbps).
+ceiling is the measured copy rate (bench/gpu_timing.py:copy_gbps).
 """
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -14,7 +15,7 @@ import triton.testing
 from tabulate import tabulate
 
 from bench.env import environment, write_csv
-from bench.select_kernel import copy_gbps
+from bench.gpu_timing import copy_gbps, sweep_tilings
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.kernels.weight_mask_triton import sparsify_24_triton
 
@@ -58,17 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         w = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
         want = sparsify_24_triton(w)
-        sweep = []
-        for tiles in (32, 64, 128, 256):
-            for warps in (1, 2, 4, 8):
-                if tiles < 32 * warps:
-                    continue
-                call = dict(tiles=tiles, num_warps=warps)
-                exact = torch.equal(sparsify_24_triton(w, **call), want)
-                ms = triton.testing.do_bench(lambda c=call: sparsify_24_triton(w, **c), return_mode="median")
-                sweep.append({"tiles": tiles, "warps": warps, "exact": exact, "ms": ms,
-                              "of copy": 4 * w.numel() / ms / 1e6 / ceiling})  # fmt: skip
-        print(tabulate(sorted(sweep, key=lambda r: r["ms"]), headers="keys", floatfmt=".3f", tablefmt="github"))
+        configs = [{"tiles": t, "num_warps": nw} for t in (32, 64, 128, 256) for nw in (1, 2, 4, 8) if t >= 32 * nw]
+        sweep = sweep_tilings(
+            functools.partial(sparsify_24_triton, w),
+            configs,
+            lambda got: torch.equal(got, want),
+            4 * w.numel(),
+            ceiling,
+        )
+        print(tabulate(sweep, headers="keys", floatfmt=".3f", tablefmt="github"))
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         write_csv(args.csv, rows)
