@@ -20,6 +20,7 @@ from tabulate import tabulate
 
 from bench.env import environment, write_csv
 from bench.gpu_timing import copy_gbps
+from sparse_compile.kernels import gather_gemm_triton
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
@@ -31,6 +32,12 @@ PATTERNS = [(128, 2, 8), (128, 2, 16), (64, 2, 8)]
 
 def _ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _tuned(kernel) -> str:
+    """The autotuner's choice for the last launched key, e.g. '128x256x64 s5 w8'."""
+    c = kernel.best_config
+    return f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']} s{c.num_stages} w{c.num_warps}"
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -54,13 +61,14 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     dense_h = torch.randn(t, h, device="cuda", dtype=bf, generator=g)
     w2t_k = w2t[:kc].contiguous()
     first = torch.arange(kc, device="cuda", dtype=torch.int32).expand(t // v, kc).contiguous()
-    gemm = {  # name: (dense, ceiling, kernel, kernel on the first Kc rows (no gather), flops of the kernel)
+    gemm = {  # name: (dense, ceiling, kernel, kernel on the first Kc rows (no gather), flops, Triton kernel)
         "F2/B3 gather_k": (
             lambda: dense_h @ w2t,
             lambda: h_c @ w2t_k,
             lambda: gather_k_mm(h_c, ids, w2t, v),
             lambda: gather_k_mm(h_c, first, w2t, v),
             2 * t * kc * d,
+            gather_gemm_triton._gather_k_kernel,
         ),
         "B1 gather_n+dZ": (
             lambda: dy @ w2,
@@ -68,18 +76,21 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
             lambda: gather_n_mm(dy, w2t, ids, v, r_c),
             lambda: gather_n_mm(dy, w2t, first, v, r_c),
             2 * t * kc * d,
+            gather_gemm_triton._gather_n_kernel,
         ),
     }
     shape = f"{t}x{d}x{h}"
     pattern = f"{v}:{n}:{m}"
     rows = []
-    for name, (dense, ceiling, kernel, no_gather, flops) in gemm.items():
-        ms_d, ms_c, ms_k, ms_n = _ms(dense), _ms(ceiling), _ms(kernel), _ms(no_gather)
+    for name, (dense, ceiling, kernel, no_gather, flops, triton_kernel) in gemm.items():
+        ms_d, ms_c, ms_k = _ms(dense), _ms(ceiling), _ms(kernel)
+        config = _tuned(triton_kernel)
+        ms_n = _ms(no_gather)
         rows.append(
             {
                 "shape": shape, "pattern": pattern, "kernel": name, "max rel err": checks[name],
                 "ms": ms_k, "TFLOP/s": flops / ms_k / 1e9, "dense ms": ms_d, "ceiling ms": ms_c,
-                "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k, "no-gather ms": ms_n,
+                "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k, "no-gather ms": ms_n, "config": config,
             }
         )  # fmt: skip
     memory = {  # name: (fn, bytes moved, error)

@@ -1,7 +1,7 @@
 """Fused squared-ReLU V:N:M selection in Triton: Z -> compact H~, compact relu(Z), column ids.
 
 One program owns one block of V tokens x BLOCK_G groups of M hidden units, in two passes over
-its rows (ROWS at a time):
+its rows (ROWS at a time; with ROWS >= V the whole block is one register tile, read once):
   1. read Z, R = relu(Z + b), H = R^2 (each rounded to Z's dtype, as the reference does), and
      sum the column L1 norms of H over the V tokens (float32); keep the 4 columns of largest norm
      per M-group (rank = #larger + #equal at a lower index): 4 column ids c_0 < c_1 < c_2 < c_3;
@@ -37,6 +37,46 @@ def _four(a, b, c, d):
 
 
 @triton.jit
+def _relu_tile(z_ptr, bias, rows, row_ok, cols, col_ok, stride_z, HAS_BIAS: tl.constexpr):
+    """R = relu(Z + b) of [ROWS, BLOCK_G, M_P] (Z + b rounded to Z's dtype, as the reference does),
+    as float32, and the mask of its valid elements."""
+    ok = row_ok[:, None, None] & col_ok[None, :, :]
+    z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
+    zf = z.to(tl.float32)
+    if HAS_BIAS:
+        zf = zf + bias[None, :, :]
+    return tl.maximum(zf.to(z_ptr.dtype.element_ty).to(tl.float32), 0.0), ok
+
+
+@triton.jit
+def _emit(r, j, c0, c1, c2, c3, rows, row_ok, out, out_ok, hc_ptr, rc_ptr, stride_c, N: tl.constexpr):
+    """Pick the 4 kept columns of R [ROWS, BLOCK_G, M_P], keep per row the N of largest H = R^2
+    (value descending, then column ascending), store [ROWS, 4*BLOCK_G] segments of h_c and r_c."""
+    dtype = hc_ptr.dtype.element_ty
+    r0_, r1_, r2_, r3_ = _pick(r, j, c0), _pick(r, j, c1), _pick(r, j, c2), _pick(r, j, c3)
+    h0 = (r0_ * r0_).to(dtype).to(tl.float32)
+    h1 = (r1_ * r1_).to(dtype).to(tl.float32)
+    h2 = (r2_ * r2_).to(dtype).to(tl.float32)
+    h3 = (r3_ * r3_).to(dtype).to(tl.float32)
+    if N == 4:
+        k0 = h0 == h0
+        k1 = k0
+        k2 = k0
+        k3 = k0
+    else:
+        k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
+        k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
+        k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
+        k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
+    hc = _four(tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0))
+    rc = _four(tl.where(k0, r0_, 0.0), tl.where(k1, r1_, 0.0), tl.where(k2, r2_, 0.0), tl.where(k3, r3_, 0.0))
+    dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
+    mask = row_ok[:, None] & out_ok[None, :]
+    tl.store(hc_ptr + dst, hc.to(dtype), mask=mask)
+    tl.store(rc_ptr + dst, rc.to(dtype), mask=mask)
+
+
+@triton.jit
 def _vnm_select_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
     G, stride_z, stride_c, stride_ids,
@@ -54,18 +94,19 @@ def _vnm_select_kernel(
     dtype = z_ptr.dtype.element_ty
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    else:
+        bias = 0.0
 
-    # pass 1: column norms of H over the block's V tokens
+    # pass 1: column norms of H over the block's V tokens (ROWS >= V: the whole block in one tile,
+    # kept in registers for pass 2 instead of read again)
     norms = tl.zeros((BLOCK_G, M_P), dtype=tl.float32)
-    for r0 in range(0, V, ROWS):
-        rows = tb * V + r0 + r_idx
-        ok = ((r0 + r_idx) < V)[:, None, None] & col_ok[None, :, :]
-        z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
-        zf = z.to(tl.float32)
-        if HAS_BIAS:
-            zf = zf + bias[None, :, :]
-        r = tl.maximum(zf.to(dtype).to(tl.float32), 0.0)
-        norms += tl.sum(tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0), axis=0)
+    if ROWS >= V:
+        r_all, ok = _relu_tile(z_ptr, bias, tb * V + r_idx, r_idx < V, cols, col_ok, stride_z, HAS_BIAS)
+        norms += tl.sum(tl.where(ok, (r_all * r_all).to(dtype).to(tl.float32), 0.0), axis=0)
+    else:
+        for r0 in range(0, V, ROWS):
+            r, ok = _relu_tile(z_ptr, bias, tb * V + r0 + r_idx, (r0 + r_idx) < V, cols, col_ok, stride_z, HAS_BIAS)
+            norms += tl.sum(tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0), axis=0)
 
     # the 4 columns of largest norm per group; a column is "behind" each larger or equal-and-left one
     norms = tl.where(col_ok, norms, float("-inf"))
@@ -84,36 +125,14 @@ def _vnm_select_kernel(
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, ids.to(tl.int32), mask=out_ok)
 
     # pass 2: the kept values, the in-row choice among them, contiguous stores
-    for r0 in range(0, V, ROWS):
-        rows = tb * V + r0 + r_idx
-        row_ok = (r0 + r_idx) < V
-        ok = row_ok[:, None, None] & col_ok[None, :, :]
-        z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
-        zf = z.to(tl.float32)
-        if HAS_BIAS:
-            zf = zf + bias[None, :, :]
-        r = tl.maximum(zf.to(dtype).to(tl.float32), 0.0)  # [ROWS, BLOCK_G, M_P]
-        r0_, r1_, r2_, r3_ = _pick(r, j, c0), _pick(r, j, c1), _pick(r, j, c2), _pick(r, j, c3)
-        h0 = (r0_ * r0_).to(dtype).to(tl.float32)
-        h1 = (r1_ * r1_).to(dtype).to(tl.float32)
-        h2 = (r2_ * r2_).to(dtype).to(tl.float32)
-        h3 = (r3_ * r3_).to(dtype).to(tl.float32)
-        if N == 4:
-            k0 = h0 == h0
-            k1 = k0
-            k2 = k0
-            k3 = k0
-        else:  # keep the N of largest rank (value descending, then column ascending)
-            k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
-            k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
-            k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
-            k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
-        hc = _four(tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0))
-        rc = _four(tl.where(k0, r0_, 0.0), tl.where(k1, r1_, 0.0), tl.where(k2, r2_, 0.0), tl.where(k3, r3_, 0.0))
-        dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
-        mask = row_ok[:, None] & out_ok[None, :]
-        tl.store(hc_ptr + dst, hc.to(dtype), mask=mask)
-        tl.store(rc_ptr + dst, rc.to(dtype), mask=mask)
+    if ROWS >= V:
+        _emit(r_all, j, c0, c1, c2, c3, tb * V + r_idx, r_idx < V, out, out_ok, hc_ptr, rc_ptr, stride_c, N)
+    else:
+        for r0 in range(0, V, ROWS):
+            rows = tb * V + r0 + r_idx
+            row_ok = (r0 + r_idx) < V
+            r, _ = _relu_tile(z_ptr, bias, rows, row_ok, cols, col_ok, stride_z, HAS_BIAS)
+            _emit(r, j, c0, c1, c2, c3, rows, row_ok, out, out_ok, hc_ptr, rc_ptr, stride_c, N)
 
 
 def vnm_select_compact(

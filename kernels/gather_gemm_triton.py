@@ -24,24 +24,34 @@ import triton.language as tl
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # CPU interpreter: one small config
-    _CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1)]
-else:  # Hopper/Ampere bf16/fp16: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
-    _CONFIGS = [
+# Hopper/Ampere bf16/fp16 tiles: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
+_TILES = [
+    (128, 256, 64, 3, 8),
+    (128, 256, 64, 4, 8),
+    (128, 128, 64, 4, 8),
+    (128, 128, 64, 4, 4),
+    (128, 128, 128, 3, 8),
+    (64, 256, 64, 4, 8),
+    (64, 128, 64, 4, 4),
+    (64, 128, 128, 3, 4),
+    (64, 64, 64, 4, 4),
+    (32, 128, 64, 4, 4),  # V = 32 or 16 only
+    (16, 128, 64, 4, 4),
+]
+# gather_k loads its ids inside the K loop and the gathered rows' addresses depend on them, so
+# Triton's pipeliner spends one stage on the ids: at num_stages 3 or 4 the gathered operand is
+# double-buffered (one tile in flight), at 5-6 triple-, at 7 quadruple-buffered (read off the
+# sm90 TTGIR: async_wait counts and shared memory, 98/148/197 KB at 128x256x64). gather_n loads
+# its ids once, outside the loop, so its stages count as written.
+_GATHER_K_TILES = [(bm, bn, bk, s + 2, w) for bm, bn, bk, s, w in _TILES] + [(128, 256, 64, 7, 8), (128, 128, 64, 7, 4)]
+
+
+def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+    if os.environ.get("TRITON_INTERPRET") == "1":  # CPU interpreter: one small config
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1)]
+    return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
-        for bm, bn, bk, s, w in [
-            (128, 256, 64, 3, 8),
-            (128, 256, 64, 4, 8),
-            (128, 128, 64, 4, 8),
-            (128, 128, 64, 4, 4),
-            (128, 128, 128, 3, 8),
-            (64, 256, 64, 4, 8),
-            (64, 128, 64, 4, 4),
-            (64, 128, 128, 3, 4),
-            (64, 64, 64, 4, 4),
-            (32, 128, 64, 4, 4),  # V = 32 or 16 only
-            (16, 128, 64, 4, 4),
-        ]
+        for bm, bn, bk, s, w in tiles
     ]
 
 
@@ -62,7 +72,9 @@ def _tile(T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
     return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "KC", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=_configs(_GATHER_K_TILES), key=["N", "KC", "V"], prune_configs_by={"early_config_prune": _prune}
+)
 @triton.jit
 def _gather_k_kernel(
     c_ptr, ids_ptr, b_ptr, bias_ptr, out_ptr,
@@ -97,7 +109,7 @@ def _gather_k_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
-@triton.autotune(configs=_CONFIGS, key=["KC", "K", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(configs=_configs(_TILES), key=["KC", "K", "V"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _gather_n_kernel(
     a_ptr, bt_ptr, ids_ptr, r_ptr, out_ptr,

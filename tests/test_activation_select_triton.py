@@ -17,25 +17,26 @@ def _z(t, f, dtype, seed, ties=False):
 
 
 @pytest.mark.parametrize(
-    "v, n, m, groups, block_g",
-    [
-        (1, 2, 4, 8, None),
-        (4, 2, 8, 4, None),
-        (4, 2, 8, 5, 2),
-        (2, 1, 12, 3, 1),
-        (8, 4, 16, 3, 2),
-        (3, 2, 8, 6, 4),
-        (16, 2, 8, 2, None),
+    "v, n, m, groups, block_g, rows",
+    [  # rows >= V: one register tile per block (the default up to V=16); rows < V: two passes over Z
+        (1, 2, 4, 8, None, None),
+        (4, 2, 8, 4, None, None),
+        (4, 2, 8, 5, 2, 2),
+        (2, 1, 12, 3, 1, None),
+        (8, 4, 16, 3, 2, 4),
+        (3, 2, 8, 6, 4, 2),
+        (16, 2, 8, 2, None, None),
+        (16, 2, 16, 2, None, 4),
     ],
 )
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("ties", [False, True])
-def test_equals_reference(v, n, m, groups, block_g, dtype, bias, ties):
+def test_equals_reference(v, n, m, groups, block_g, rows, dtype, bias, ties):
     t, f = 3 * v, groups * m
     z = _z(t, f, dtype, v * 7 + m, ties)
     b = _z(1, f, dtype, 99, ties)[0] if bias else None
-    h_c, r_c, ids = vnm_select_compact(z, b, v, n, m, block_g=block_g)
+    h_c, r_c, ids = vnm_select_compact(z, b, v, n, m, block_g=block_g, rows=rows)
     ref = vnm_compact_ref(z, b, v, n, m)
     for name, got, want in zip(("h_c", "r_c", "ids"), (h_c, r_c, ids), ref, strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want), name

@@ -80,7 +80,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         names = "w_ptr out_ptr mask_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m TILES WRITE_MASK"
         types = {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8"}
         cases.append((f"transposable 2:4 pairs {dt}", wpairs._transposable_24_pairs_kernel, _sig(names, ce, types), ce))
-    for cfg in gemm._CONFIGS[:2]:  # the language is the same in every config; two tile shapes
+    for cfg in gemm._configs(gemm._TILES[:2]):  # the language is the same in every config; two tile shapes
         ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False)
         names = "c_ptr ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
         names += "HAS_BIAS IEEE BLOCK_M BLOCK_N BLOCK_K GROUP_M"
