@@ -25,6 +25,21 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16)]
 
 
+def id_mismatches(z, b, v: int, m: int, got_ids: torch.Tensor, want_ids: torch.Tensor) -> tuple[int, float]:
+    """(V x M blocks whose 4 kept columns differ, the largest float64 gap between the 4th and 5th
+    column norm among them, relative to the 4th). The kernel and the reference sum the float32
+    column norms in different orders, so blocks whose 4th and 5th norm are equal to within float32
+    rounding (gap ~1e-7) may pick differently; a larger gap is a bug."""
+    differ = (got_ids != want_ids).reshape(want_ids.shape[0], -1, 4).any(-1)  # [T/V, F/M]
+    if not differ.any():
+        return 0, 0.0
+    r = torch.relu(z if b is None else z + b)
+    h = (r * r).double()
+    norms = h.reshape(z.shape[0] // v, v, -1, m).sum(1)[differ]  # [blocks, M]
+    top = norms.sort(-1, descending=True).values
+    return int(differ.sum()), ((top[:, 3] - top[:, 4]) / top[:, 3].clamp_min(1e-300)).max().item()
+
+
 def sweep(t: int, h: int, ceiling: float) -> list[dict]:
     """Time the tilings of the selection kernel (outputs checked exact against the default tiling)."""
     z = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
@@ -72,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             got = vnm_select_compact(z, b, v, n, m)
             want = vnm_compact_ref(z, b, v, n, m)
             exact = all(torch.equal(a, r) for a, r in zip(got, want, strict=True))
+            blocks, gap = id_mismatches(z, b, v, m, got[2], want[2])
             call = (z, b, v, n, m)
             ms = triton.testing.do_bench(lambda c=call: vnm_select_compact(*c), return_mode="median")
             ms_ref = triton.testing.do_bench(lambda c=call: vnm_compact_ref(*c), return_mode="median")
@@ -83,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                     "h": h,
                     "pattern": f"{v}:{n}:{m}",
                     "exact": exact,
+                    "blocks differing": blocks,
+                    "max norm gap": gap,
                     "ms": ms,
                     "GB/s": gbps,
                     "of copy": gbps / ceiling,
@@ -112,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(sweep(t, h, ceiling), headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         write_csv(args.csv, rows)
-    return 0 if all(r["exact"] for r in rows) else 1
+    return 0 if all(r["exact"] or r.get("max norm gap", 1.0) < 1e-6 for r in rows) else 1
 
 
 if __name__ == "__main__":
