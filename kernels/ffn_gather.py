@@ -10,6 +10,9 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
   B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand
   B4  dW1 = scatter(dZ_c)^T X           exact, cuBLAS
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
+``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
+measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
+(compact_dz), B3 on the scattered dZ. Same products, rounded in the same places.
 """
 
 import torch
@@ -19,6 +22,14 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+
+
+def compact_dz(dh: torch.Tensor, ids: torch.Tensor, r_c: torch.Tensor, v: int) -> torch.Tensor:
+    """dZ_c [T, Kc] = dH [T, h] at the kept columns (ids [T/V, Kc]) * 2 r_c: the gather-N
+    kernel's epilogue, on a dense dH (2 r_c is exact, so one rounding, as in the kernel)."""
+    t, kc = r_c.shape
+    cols = ids.long().unsqueeze(1).expand(t // v, v, kc)
+    return dh.view(t // v, v, -1).gather(2, cols).reshape(t, kc) * (2 * r_c)
 
 
 def sqrelu_ffn_forward_gather(
@@ -31,9 +42,10 @@ def sqrelu_ffn_forward_gather(
     n: int,
     m: int,
     f1_alg: int | None = None,
+    dense: frozenset[str] = frozenset(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
-    cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS."""
+    cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS."""
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
@@ -42,7 +54,10 @@ def sqrelu_ffn_forward_gather(
         z = sparse_f1(x, w1, b1, f1_alg)
     h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
     del z
-    y = gather_k_mm(h_c, ids, w2.t().contiguous(), v, b2)
+    if "F2" in dense:
+        y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
+    else:
+        y = gather_k_mm(h_c, ids, w2.t().contiguous(), v, b2)
     return y, r_c, ids
 
 
@@ -57,20 +72,29 @@ def sqrelu_ffn_backward_gather(
     m: int,
     weight_grad: tuple[int, int, int] | None = None,
     dense_frac: float = 0.0,
+    dense: frozenset[str] = frozenset(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above.
+    """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
+    "B1" / "B3" in ``dense``: those on cuBLAS.
 
     With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation, computed by the
     reference (masked dense math on the scattered operands: no faster than exact yet)."""
-    dz_c = gather_n_mm(dy, w2.t().contiguous(), ids, v, r_c)
-    dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
+    if "B1" in dense:
+        dz_c = compact_dz(dy @ w2, ids, r_c, v)
+    else:
+        dz_c = gather_n_mm(dy, w2.t().contiguous(), ids, v, r_c)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h
         del h  # one dense [T, h] operand alive at a time
-        dw1 = vnm_scatter(dz_c, ids, v, m).t() @ x
+        dz = vnm_scatter(dz_c, ids, v, m)
+        dw1 = dz.t() @ x
     else:
-        dw1, dw2 = weight_grads(dy, x, h, vnm_scatter(dz_c, ids, v, m), weight_grad, dense_frac)
+        dz = vnm_scatter(dz_c, ids, v, m)
+        dw1, dw2 = weight_grads(dy, x, h, dz, weight_grad, dense_frac)
+        del h
+    dx = dz @ w1 if "B3" in dense else gather_k_mm(dz_c, ids, w1.contiguous(), v)
+    del dz
     # db1 from the compact dZ: per-block column sums, added at their columns (reads T*Kc, not T*h)
     sums = dz_c.view(-1, v, dz_c.shape[1]).sum(1, dtype=torch.float32)
     db1 = torch.zeros(w1.shape[0], device=dy.device, dtype=torch.float32).index_add_(0, ids.flatten(), sums.flatten())

@@ -10,6 +10,8 @@ runs the reference kernels, and the report says why. kernels="triton" forces the
 wherever the pattern allows (fp32 included; on CPU only under TRITON_INTERPRET=1, for tests).
 With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured faster than cuBLAS
 on this GPU at the site's shape (sparse_compile/f1_choice.py); the plan carries the algorithm id.
+Under kernels="auto" each of F2, B1, B3 runs on its gather kernel or on cuBLAS over the dense
+operand, whichever measured faster at the site's shape (sparse_compile/gather_choice.py).
 2:4 weight masks on CUDA always come from the Triton kernel (kernels/weight_mask_triton.py), which
 gives the reference's answer, so it is not a choice here.
 """
@@ -33,11 +35,14 @@ class KernelPlan:
     why: str = ""  # why the fast path is not taken ("" when it is, or when none was asked for)
     f1_alg: int | None = None  # cuSPARSELt algorithm of F1 (2:4 weights), None = cuBLAS
     f1_why: str = ""  # the F1 measurement, for the report
+    dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS (measured faster)
+    gemm_why: str = ""  # the F2/B1/B3 measurement, for the report
 
     @property
     def spec_suffix(self) -> str:
         """What the op's spec string adds for this plan."""
-        return "" if self.f1_alg is None else f";f1_alg={self.f1_alg}"
+        f1 = "" if self.f1_alg is None else f";f1_alg={self.f1_alg}"
+        return f1 + (f";dense_gemms={'+'.join(sorted(self.dense_gemms))}" if self.dense_gemms else "")
 
 
 def _reference(device_type: str, why: str = "") -> KernelPlan:
@@ -70,15 +75,25 @@ def plan_kernels(
         return _reference(device.type, f"{str(dtype).removeprefix('torch.')}: the fast kernels are bf16/fp16")
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return _reference(device.type, "GPU older than sm80")
-    if config.weights == "2:4" and d and h and device.type == "cuda":
+    if device.type != "cuda" or not (d and h):
+        return KernelPlan(GATHER, True)
+    t = tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
+    no_hint = "no example token count to measure at"
+    f1_alg, f1_why = None, ""
+    if config.weights == "2:4":
         from sparse_compile import f1_choice
 
-        why = f1_choice.applies(device, dtype, d, h)
-        if why:
-            return KernelPlan(GATHER, True, f1_why=why)
-        t = tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
+        f1_why = f1_choice.applies(device, dtype, d, h) or (f"F1 cuBLAS: {no_hint}" if t is None else "")
+        if not f1_why:
+            choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
+            f1_alg, f1_why = choice.alg, choice.why
+    dense, gemm_why = frozenset(), ""
+    if config.kernels == "auto":
+        from sparse_compile import gather_choice
+
         if t is None:
-            return KernelPlan(GATHER, True, f1_why="F1 cuBLAS: no example token count to measure at")
-        choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
-        return KernelPlan(GATHER, True, f1_alg=choice.alg, f1_why=choice.why)
-    return KernelPlan(GATHER, True)
+            gemm_why = f"F2, B1, B3 gather kernels: {no_hint}"
+        else:
+            picked = gather_choice.choose_gathers(device.index or 0, dtype, t, d, h, *pattern)
+            dense, gemm_why = picked.dense, picked.why
+    return KernelPlan(GATHER, True, f1_alg=f1_alg, f1_why=f1_why, dense_gemms=dense, gemm_why=gemm_why)

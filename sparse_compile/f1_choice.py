@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from sparse_compile.measure import back_to_back_ms
+
 MAX_ALGS = 32  # cuSPARSELt 0.8 offers ids 0..17 at the shapes measured; stop at the first refused
 
 
@@ -27,21 +29,6 @@ MAX_ALGS = 32  # cuSPARSELt 0.8 offers ids 0..17 at the shapes measured; stop at
 class F1Choice:
     alg: int | None  # cuSPARSELt algorithm id, or None for cuBLAS
     why: str
-
-
-def _ms(fn, reps: int = 25) -> float:
-    """Mean time of ``reps`` back-to-back calls (CUDA events around all of them, after 3 warm-up
-    calls): the GPU queue stays full, as in a training step, so host-side setup per call overlaps
-    the previous call's work instead of being added to it."""
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def applies(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
@@ -72,7 +59,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     b = torch.randn(h, device=device, generator=g).to(dtype)
     check = min(tokens, 1024)  # rows compared against the float32 product (a [T, h] fp32 copy is large)
     want = F.linear(x[:check].float(), w.float(), b.float())
-    dense_ms = _ms(lambda: F.linear(x, w, b))
+    dense_ms = back_to_back_ms(lambda: F.linear(x, w, b))
     best: tuple[float, int] | None = None
     wc = cslt_compress(w)
     for alg in range(MAX_ALGS):
@@ -84,7 +71,9 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
             got[:check].float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()
         ):
             continue
-        ms = _ms(lambda a=alg: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=a))
+        ms = back_to_back_ms(
+            lambda a=alg: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=a)
+        )
         if best is None or ms < best[0]:
             best = (ms, alg)
     if best is None:

@@ -39,6 +39,7 @@ class OpSpec:
     weight_grad: tuple[int, int, int] | None = None  # token-dim V:N:M of B2/B4, None = exact
     dense_frac: float = 0.0
     f1_alg: int | None = None  # F1 through cuSPARSELt with this algorithm id (2:4 weights, sm90)
+    dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS instead of the gather kernels
 
 
 @functools.cache
@@ -46,6 +47,9 @@ def parse_spec(spec: str) -> OpSpec:
     """'weights=2:4;activations=64:2:8;kernels=auto;weight_grad=dense;dense_frac=0.02' -> OpSpec
     (see SparsityConfig.op_spec)."""
     fields = dict(item.split("=", 1) for item in spec.split(";"))
+    dense_gemms = frozenset(fields["dense_gemms"].split("+")) if fields.get("dense_gemms") else frozenset()
+    if not dense_gemms <= {"F2", "B1", "B3"}:
+        raise ValueError(f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: F2, B1, B3 joined by '+'")
     act = fields["activations"]
     weights = fields["weights"]
     return OpSpec(
@@ -55,6 +59,7 @@ def parse_spec(spec: str) -> OpSpec:
         weight_grad=parse_weight_grad(fields.get("weight_grad", "dense")),
         dense_frac=float(fields.get("dense_frac", 0.0)),
         f1_alg=int(fields["f1_alg"]) if "f1_alg" in fields else None,
+        dense_gemms=dense_gemms,
     )
 
 
@@ -227,7 +232,8 @@ def sqrelu_ffn_vnm(
     _check_inputs(x, w1, w2)
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
-    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, parse_spec(spec).f1_alg)
+    op = parse_spec(spec)
+    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
 
 
@@ -259,7 +265,9 @@ def sqrelu_ffn_vnm_backward(
     v, _, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
-    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
+        dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms
+    )
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

@@ -28,7 +28,8 @@ def _poison() -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.weights}-{c.activations}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gather_op_matches_reference_op_and_oracle(config, dtype):
+@pytest.mark.parametrize("dense", ["", ";dense_gemms=B1+B3+F2"], ids=["gather", "cublas"])
+def test_gather_op_matches_reference_op_and_oracle(config, dtype, dense):
     g = torch.Generator(device="cuda").manual_seed(1)
 
     def r(*s, scale=1.0):
@@ -42,7 +43,7 @@ def test_gather_op_matches_reference_op_and_oracle(config, dtype):
         for t in (x, w1, b1, w2, b2):
             t.grad = None
         w1s, w2s = (ops.sparsify_weight(w, "2:4", 0.0) if config.weights else w for w in (w1, w2))
-        y = op(x, w1s, b1, w2s, b2, config.op_spec())[0]
+        y = op(x, w1s, b1, w2s, b2, config.op_spec() + (dense if name == "gather" else ""))[0]
         (y.float() * torch.linspace(-1, 1, y.numel(), device="cuda").reshape(y.shape)).sum().backward()
         outs[name] = [y.detach()] + [t.grad.clone() for t in (x, w1, b1, w2, b2)]
         assert all(torch.isfinite(o).all() for o in outs[name]), name
@@ -77,3 +78,13 @@ def test_gpt_trains_on_gather_kernels_like_on_reference_kernels():
         curves[kernels] = torch.tensor(losses)
     assert curves["auto"][-1] < curves["auto"][0] - 1.0
     torch.testing.assert_close(curves["auto"], curves["reference"], rtol=3e-2, atol=3e-2)
+
+
+def test_gather_choice_measures_each_gemm():
+    from sparse_compile.gather_choice import choose_gathers
+
+    for shape in [(4096, 1024, 4096), (16384, 2048, 8192)]:
+        choice = choose_gathers(0, torch.bfloat16, *shape, 128, 2, 16)
+        assert choice.dense <= {"F2", "B1", "B3"}
+        assert all(f"{g} {'cuBLAS' if g in choice.dense else 'gather'} (" in choice.why for g in ("F2", "B1", "B3"))
+        print(shape, choice.why)
