@@ -26,6 +26,19 @@ def test_equals_reference(shape, dtype, ties, method):
     assert (tiles.sum(3) == 2).all() and (tiles.sum(1) == 2).all()  # two per row and column of every tile
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_close_calls_are_decided_in_float64(dtype):
+    """Magnitudes 1 and 2^-24 in every tile: float32 sums of 8 entries drop the 2^-24 (ulp of 8 is
+    2^-20), so patterns with equal counts of ones tie in float32 and only the tiny entries decide.
+    The kernel must notice the close call and score those tiles again in float64."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.tensor([1.0, 2.0**-24, 0.0])[torch.randint(0, 3, (16, 64), generator=g)]
+    w = (w * torch.where(torch.rand(16, 64, generator=g) < 0.5, -1.0, 1.0)).to(DEVICE, dtype)
+    got, mask = sparsify_24_triton(w, with_mask=True, tiles=16)
+    want = transposable_24_mask(w)
+    assert torch.equal(mask, want)
+
+
 def test_strided_rows():
     w = torch.randn(8, 24, device=DEVICE)[:, :16]  # row stride 24
     assert torch.equal(sparsify_24_triton(w), w * transposable_24_mask(w))
