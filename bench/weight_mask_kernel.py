@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.weight_mask_kernel", description=__doc__)
     p.add_argument("--csv", help="write the rows here")
     p.add_argument(
-        "--sweep", action="store_true", help="also time (tiles, num_warps) of the pairs kernel, bf16 16384x4096"
+        "--sweep",
+        action="store_true",
+        help="also time (tiles, num_warps, fp32_first) of the pairs kernel, bf16 and fp32 16384x4096",
     )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -57,17 +59,25 @@ def main(argv: list[str] | None = None) -> int:
                 )  # fmt: skip
                 print(tabulate(rows[-1:], headers="keys", floatfmt=".3f", tablefmt="github"), flush=True)
     if args.sweep:
-        w = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
-        want = sparsify_24_triton(w)
-        configs = [{"tiles": t, "num_warps": nw} for t in (32, 64, 128, 256) for nw in (1, 2, 4, 8) if t >= 32 * nw]
-        sweep = sweep_tilings(
-            functools.partial(sparsify_24_triton, w),
-            configs,
-            lambda got: torch.equal(got, want),
-            4 * w.numel(),
-            ceiling,
-        )
-        print(tabulate(sweep, headers="keys", floatfmt=".3f", tablefmt="github"))
+        for dtype in (torch.bfloat16, torch.float32):
+            w = torch.randn(16384, 4096, device="cuda", dtype=dtype) * 0.02
+            want = w * transposable_24_mask(w)
+            configs = [
+                {"tiles": t, "num_warps": nw, "fp32_first": f}
+                for t in (32, 64, 128, 256)
+                for nw in (1, 2, 4, 8)
+                for f in (False, True)
+                if t >= 32 * nw
+            ]
+            sweep = sweep_tilings(
+                functools.partial(sparsify_24_triton, w),
+                configs,
+                lambda got, want=want: torch.equal(got, want),
+                2 * w.numel() * w.element_size(),
+                ceiling,
+                dtype=str(dtype).removeprefix("torch."),
+            )
+            print(tabulate(sweep, headers="keys", floatfmt=".3f", tablefmt="github"), flush=True)
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.csv:
         write_csv(args.csv, rows)

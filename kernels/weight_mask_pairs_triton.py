@@ -5,11 +5,12 @@ of one tile row (loaded and stored as contiguous row segments), one tile per lan
 row-pair sums, the 90 pattern scores as sums of four of them in the reference's pattern order,
 the first maximum kept (strict >). The winner is carried as its 16-bit keep mask (bit k =
 position k of the row-major tile), then W~ = W * mask is stored (and the mask if asked).
-Scores are first summed in float32: each is within 4 roundings (relative 4u, u = 2^-24) of its
-exact value, so a winner ahead of the runner-up by more than 1e-6 relative (> 2 x 4u) is the
-exact winner. A program with any closer call (exact ties included) scores again in float64, the
-reference's precision, where every sum of 16-bit weights is exact: the result is the
-reference's, bit for bit, and float32 does the work at float32's rate (twice float64's on H100).
+Scores are summed in float64, the reference's precision, where every sum of 16-bit weights is
+exact: the result is the reference's, bit for bit. With FP32_FIRST they are first summed in
+float32: each is within 4 roundings (relative 4u, u = 2^-24) of its exact value, so a winner
+ahead of the runner-up by more than 1e-6 relative (> 2 x 4u) is the exact winner, and only a
+program with a closer call (exact ties included) scores again in float64. Same answer; which is
+faster depends on dtype and tiling (bench/weight_mask_kernel.py --sweep).
 """
 
 import triton
@@ -515,7 +516,7 @@ def _best_pattern(a, TILES: tl.constexpr):
 @triton.jit
 def _transposable_24_pairs_kernel(
     w_ptr, out_ptr, mask_ptr, TILE_ROWS, TILE_COLS, stride_w, stride_o, stride_m,
-    TILES: tl.constexpr, WRITE_MASK: tl.constexpr,
+    TILES: tl.constexpr, WRITE_MASK: tl.constexpr, FP32_FIRST: tl.constexpr,
 ):  # fmt: skip
     # program = TILES consecutive tiles of one tile row: W rows [4 tr, 4 tr + 4) x 4*TILES columns,
     # loaded as contiguous row segments, then rearranged to one tile per lane ([TILES, 16])
@@ -527,8 +528,11 @@ def _transposable_24_pairs_kernel(
     w = tl.load(w_ptr + r[:, None] * stride_w + col[None, :], mask=ok, other=0.0)  # [4, 4 * TILES]
     a = tl.abs(w.to(tl.float32))  # exact for 16-bit and fp32 weights
     a = tl.reshape(tl.permute(tl.reshape(a, (4, TILES, 4)), (1, 0, 2)), (TILES, 16))  # row-major tiles
-    keep, best, second = _best_pattern(a, TILES)
-    if tl.max(((best - second) <= best * 1e-6).to(tl.int32), axis=0) > 0:  # a close call: float64
+    if FP32_FIRST:
+        keep, best, second = _best_pattern(a, TILES)
+        if tl.max(((best - second) <= best * 1e-6).to(tl.int32), axis=0) > 0:  # a close call: float64
+            keep, _, _ = _best_pattern(a.to(tl.float64), TILES)
+    else:
         keep, _, _ = _best_pattern(a.to(tl.float64), TILES)
     bits = (keep[:, None] >> tl.arange(0, 16)[None, :]) & 1  # [TILES, 16], row-major tiles
     bits = tl.reshape(tl.permute(tl.reshape(bits, (TILES, 4, 4)), (1, 0, 2)), (4, 4 * TILES))

@@ -64,19 +64,36 @@ def _transposable_24_kernel(
         tl.store(mask_ptr + m_at, keep, mask=ok)
 
 
+# pairs kernel (tiles per program, num_warps, float32 scoring first) by weight element size, from
+# the H100 sweep (bench/RESULTS.md 4k)
+_PAIRS_DEFAULTS = {2: (32, 1, True), 4: (128, 4, False)}
+
+
 def sparsify_24_triton(
-    w: torch.Tensor, with_mask: bool = False, tiles: int | None = None, method: str = "pairs", num_warps: int = 4
+    w: torch.Tensor,
+    with_mask: bool = False,
+    tiles: int | None = None,
+    method: str = "pairs",
+    num_warps: int | None = None,
+    fp32_first: bool | None = None,
 ):
     """W * M(W) with M the transposable 2:4 mask; with ``with_mask``, (W * M, M as bool).
 
     ``method``: "pairs" (kernels/weight_mask_pairs_triton.py: row-pair sums, one tile per lane) or
-    "dot" (all 90 scores as one float64 tl.dot per TILES tiles, the first version)."""
-    tiles = tiles or (128 if method == "pairs" else 64)
+    "dot" (all 90 scores as one float64 tl.dot per TILES tiles, the first version). ``tiles``,
+    ``num_warps``, ``fp32_first`` (pairs: float32 scores, float64 for close calls): None = measured
+    defaults; the answer is the same for every choice."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in _DTYPES:
         raise ValueError(
             f"sparsify_24_triton: expected a 2-D weight of {_DTYPES}; got "
             f"{getattr(w, 'dtype', type(w))} {tuple(getattr(w, 'shape', ()))}"
         )
+    if method == "pairs":
+        d_tiles, d_warps, d_fp32 = _PAIRS_DEFAULTS[2 if w.element_size() == 2 else 4]
+        tiles, num_warps = tiles or d_tiles, num_warps or d_warps
+        fp32_first = d_fp32 if fp32_first is None else fp32_first
+    else:
+        tiles, num_warps = tiles or 64, num_warps or 4
     rows, cols = w.shape
     if rows % 4 or cols % 4:
         raise ValueError(f"sparsify_24_triton: weight shape {tuple(w.shape)} must have both dims multiples of 4")
@@ -89,7 +106,7 @@ def sparsify_24_triton(
     if method == "pairs":
         _transposable_24_pairs_kernel[(rows // 4 * triton.cdiv(cols // 4, tiles),)](
             w, out, mask, rows // 4, cols // 4, w.stride(0), out.stride(0), mask.stride(0),
-            TILES=tiles, WRITE_MASK=with_mask, num_warps=num_warps,
+            TILES=tiles, WRITE_MASK=with_mask, FP32_FIRST=fp32_first, num_warps=num_warps,
         )  # fmt: skip
         return (out, mask.bool()) if with_mask else out
     if method != "dot":
@@ -100,6 +117,6 @@ def sparsify_24_triton(
     s = w if w.dtype == torch.float32 else w.float()
     _transposable_24_kernel[(triton.cdiv(n_tiles, tiles),)](
         s, w, out, mask, p_table, bits, rows // 4, cols // 4, s.stride(0), w.stride(0), out.stride(0), mask.stride(0),
-        TILES=tiles, P=_P, NUM_PATTERNS=90, WRITE_MASK=with_mask,
+        TILES=tiles, P=_P, NUM_PATTERNS=90, WRITE_MASK=with_mask, num_warps=num_warps,
     )  # fmt: skip
     return (out, mask.bool()) if with_mask else out
