@@ -64,9 +64,9 @@ def _transposable_24_kernel(
         tl.store(mask_ptr + m_at, keep, mask=ok)
 
 
-# pairs kernel (tiles per program, num_warps, float32 scoring first) by weight element size, from
-# the H100 sweep (bench/RESULTS.md 4k)
-_PAIRS_DEFAULTS = {2: (32, 1, True), 4: (128, 4, False)}
+# pairs kernel (tiles per program, num_warps) by weight element size, from the H100 sweep of
+# bench/RESULTS.md 4k: 16-bit 0.146 ms at (64, 1) vs 0.278 at (128, 4); fp32 0.18 ms at either
+_PAIRS_DEFAULTS = {2: (64, 1), 4: (128, 4)}
 
 
 def sparsify_24_triton(
@@ -75,23 +75,20 @@ def sparsify_24_triton(
     tiles: int | None = None,
     method: str = "pairs",
     num_warps: int | None = None,
-    fp32_first: bool | None = None,
 ):
     """W * M(W) with M the transposable 2:4 mask; with ``with_mask``, (W * M, M as bool).
 
     ``method``: "pairs" (kernels/weight_mask_pairs_triton.py: row-pair sums, one tile per lane) or
     "dot" (all 90 scores as one float64 tl.dot per TILES tiles, the first version). ``tiles``,
-    ``num_warps``, ``fp32_first`` (pairs: float32 scores, float64 for close calls): None = measured
-    defaults; the answer is the same for every choice."""
+    ``num_warps``: None = the measured defaults; the answer is the same for every choice."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in _DTYPES:
         raise ValueError(
             f"sparsify_24_triton: expected a 2-D weight of {_DTYPES}; got "
             f"{getattr(w, 'dtype', type(w))} {tuple(getattr(w, 'shape', ()))}"
         )
     if method == "pairs":
-        d_tiles, d_warps, d_fp32 = _PAIRS_DEFAULTS[2 if w.element_size() == 2 else 4]
+        d_tiles, d_warps = _PAIRS_DEFAULTS[2 if w.element_size() == 2 else 4]
         tiles, num_warps = tiles or d_tiles, num_warps or d_warps
-        fp32_first = d_fp32 if fp32_first is None else fp32_first
     else:
         tiles, num_warps = tiles or 64, num_warps or 4
     rows, cols = w.shape
@@ -106,7 +103,7 @@ def sparsify_24_triton(
     if method == "pairs":
         _transposable_24_pairs_kernel[(rows // 4 * triton.cdiv(cols // 4, tiles),)](
             w, out, mask, rows // 4, cols // 4, w.stride(0), out.stride(0), mask.stride(0),
-            TILES=tiles, WRITE_MASK=with_mask, FP32_FIRST=fp32_first, num_warps=num_warps,
+            TILES=tiles, WRITE_MASK=with_mask, num_warps=num_warps,
         )  # fmt: skip
         return (out, mask.bool()) if with_mask else out
     if method != "dot":

@@ -76,8 +76,8 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types["bits_ptr"] = "*i8"
         cases.append((f"transposable 2:4 {dt}", wmask._transposable_24_kernel, _sig(names, ce, types), ce))
     for dt in ("fp32", "bf16", "fp16"):
-        ce = {"TILES": 128, "WRITE_MASK": True, "FP32_FIRST": dt != "fp32"}
-        names = "w_ptr out_ptr mask_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m TILES WRITE_MASK FP32_FIRST"
+        ce = {"TILES": 128, "WRITE_MASK": True}
+        names = "w_ptr out_ptr mask_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m TILES WRITE_MASK"
         types = {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8"}
         cases.append((f"transposable 2:4 pairs {dt}", wpairs._transposable_24_pairs_kernel, _sig(names, ce, types), ce))
     for cfg in gemm._configs(gemm._TILES[:2]):  # the language is the same in every config; two tile shapes
