@@ -30,6 +30,8 @@ _TILES = [
     (128, 256, 64, 4, 8),
     (128, 128, 64, 4, 8),
     (128, 128, 64, 4, 4),
+    (128, 128, 64, 5, 4),
+    (128, 128, 64, 6, 8),
     (128, 128, 128, 3, 8),
     (64, 256, 64, 4, 8),
     (64, 128, 64, 4, 4),
@@ -43,7 +45,7 @@ _TILES = [
 # double-buffered (one tile in flight), at 5-6 triple-, at 7 quadruple-buffered (read off the
 # sm90 TTGIR: async_wait counts and shared memory, 98/148/197 KB at 128x256x64). gather_n loads
 # its ids once, outside the loop, so its stages count as written.
-_GATHER_K_TILES = [(bm, bn, bk, s + 2, w) for bm, bn, bk, s, w in _TILES] + [(128, 256, 64, 7, 8), (128, 128, 64, 7, 4)]
+_GATHER_K_TILES = list(dict.fromkeys([(bm, bn, bk, s + 2, w) for bm, bn, bk, s, w in _TILES] + [(128, 256, 64, 7, 8)]))
 
 
 def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
