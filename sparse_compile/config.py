@@ -55,7 +55,8 @@ class SparsityConfig:
     weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact; or "tokens:V:N:M": their operand (H~, dZ)
         made V:N:M-sparse along tokens (kernels/weight_grad_approx.py), an approximation.
     weight_grad_dense_frac: with "tokens:...", the fraction of hidden units (the densest) kept exact.
-    kernels: "auto" (the fast kernels where they apply, else the reference; sparse_compile/dispatch.py),
+    kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
+        time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
