@@ -8,6 +8,7 @@ then times (triton.testing.do_bench medians), side by side in the same run:
   dense     the cuBLAS GEMM the kernel replaces (K or N = h)
   ceiling   cuBLAS on the reduced size, one dense GEMM with Kc = h*4/M (what a perfect gather reaches)
   kernel    F2/B3: gather_k_mm; B1: gather_n_mm with the dZ epilogue; plus scatter and selection
+  TMA       the same kernel loading its contiguous operand (c, dY) through a TMA descriptor
 "of ceiling" = ceiling ms / kernel ms; memory kernels are against the measured copy rate.
 """
 
@@ -53,28 +54,32 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     dy = torch.randn(t, d, device="cuda", dtype=bf, generator=g)
     h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
     kc = h_c.shape[1]
-    checks = {
-        "F2/B3 gather_k": _rel_err(gather_k_mm(h_c, ids, w2t, v), gather_k_mm_ref(h_c, ids, w2t, v)),
-        "B1 gather_n+dZ": _rel_err(gather_n_mm(dy, w2t, ids, v, r_c), gather_n_mm_ref(dy, w2t, ids, v, r_c)),
+    want_k, want_n = gather_k_mm_ref(h_c, ids, w2t, v), gather_n_mm_ref(dy, w2t, ids, v, r_c)
+    checks = {  # the worse of the pointer and the TMA variant
+        "F2/B3 gather_k": max(_rel_err(gather_k_mm(h_c, ids, w2t, v, tma=t), want_k) for t in (False, True)),
+        "B1 gather_n+dZ": max(_rel_err(gather_n_mm(dy, w2t, ids, v, r_c, tma=t), want_n) for t in (False, True)),
         "scatter": float(not torch.equal(vnm_scatter(r_c, ids, v, m), vnm_scatter_ref(r_c, ids, v, h))),
     }
     dense_h = torch.randn(t, h, device="cuda", dtype=bf, generator=g)
     w2t_k = w2t[:kc].contiguous()
     first = torch.arange(kc, device="cuda", dtype=torch.int32).expand(t // v, kc).contiguous()
-    gemm = {  # name: (dense, ceiling, kernel, kernel on the first Kc rows (no gather), flops, Triton kernel)
+    gemm = {  # name: (dense, ceiling, kernel, the kernel with TMA for its contiguous operand,
+        #                kernel on the first Kc rows (no gather), flops, Triton kernel)
         "F2/B3 gather_k": (
             lambda: dense_h @ w2t,
             lambda: h_c @ w2t_k,
-            lambda: gather_k_mm(h_c, ids, w2t, v),
-            lambda: gather_k_mm(h_c, first, w2t, v),
+            lambda: gather_k_mm(h_c, ids, w2t, v, tma=False),
+            lambda: gather_k_mm(h_c, ids, w2t, v, tma=True),
+            lambda: gather_k_mm(h_c, first, w2t, v, tma=False),
             2 * t * kc * d,
             gather_gemm_triton._gather_k_kernel,
         ),
         "B1 gather_n+dZ": (
             lambda: dy @ w2,
             lambda: dy @ w2t_k.t(),
-            lambda: gather_n_mm(dy, w2t, ids, v, r_c),
-            lambda: gather_n_mm(dy, w2t, first, v, r_c),
+            lambda: gather_n_mm(dy, w2t, ids, v, r_c, tma=False),
+            lambda: gather_n_mm(dy, w2t, ids, v, r_c, tma=True),
+            lambda: gather_n_mm(dy, w2t, first, v, r_c, tma=False),
             2 * t * kc * d,
             gather_gemm_triton._gather_n_kernel,
         ),
@@ -82,15 +87,18 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     shape = f"{t}x{d}x{h}"
     pattern = f"{v}:{n}:{m}"
     rows = []
-    for name, (dense, ceiling, kernel, no_gather, flops, triton_kernel) in gemm.items():
+    for name, (dense, ceiling, kernel, kernel_tma, no_gather, flops, triton_kernel) in gemm.items():
         ms_d, ms_c, ms_k = _ms(dense), _ms(ceiling), _ms(kernel)
         config = _tuned(triton_kernel)
+        ms_t = _ms(kernel_tma)
+        config_t = _tuned(triton_kernel)
         ms_n = _ms(no_gather)
         rows.append(
             {
                 "shape": shape, "pattern": pattern, "kernel": name, "max rel err": checks[name],
                 "ms": ms_k, "TFLOP/s": flops / ms_k / 1e9, "dense ms": ms_d, "ceiling ms": ms_c,
                 "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k, "no-gather ms": ms_n, "config": config,
+                "TMA ms": ms_t, "TMA of ceiling": ms_c / ms_t, "TMA config": config_t,
             }
         )  # fmt: skip
     memory = {  # name: (fn, bytes moved, error)

@@ -21,8 +21,12 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Load the contiguous operand (c in gather_k, dY in gather_n) through TMA by default (sm90+,
+# aligned): bench/RESULTS.md 4k measures both.
+TMA_DEFAULT = False
 
 # Hopper/Ampere bf16/fp16 tiles: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
 _TILES = [
@@ -48,13 +52,40 @@ _TILES = [
 _GATHER_K_TILES = list(dict.fromkeys([(bm, bn, bk, s + 2, w) for bm, bn, bk, s, w in _TILES] + [(128, 256, 64, 7, 8)]))
 
 
+def _tma_block(nargs: dict) -> None:
+    """Autotune pre-hook: the contiguous operand's TMA descriptor loads [BLOCK_M, BLOCK_K] tiles."""
+    if isinstance(nargs["a_desc"], TensorDescriptor):
+        nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+
+
 def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
     if os.environ.get("TRITON_INTERPRET") == "1":  # CPU interpreter: one small config
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1)]
+        return [
+            triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1, pre_hook=_tma_block)
+        ]
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w, pre_hook=_tma_block
+        )
         for bm, bn, bk, s, w in tiles
     ]
+
+
+def _tma(t: torch.Tensor, tma: bool | None) -> bool:
+    """Whether to load the contiguous operand ``t`` through a TMA descriptor: asked for, or (None)
+    on sm90+ when its base and row stride are 16-byte aligned, as TMA requires."""
+    aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    if tma is None:
+        return TMA_DEFAULT and aligned and t.is_cuda and torch.cuda.get_device_capability(t.device) >= (9, 0)
+    if tma and not aligned:
+        raise ValueError(f"gather GEMM: tma=True needs a 16-byte aligned base and row stride; got stride {t.stride()}")
+    return tma
+
+
+def _a_operand(t: torch.Tensor, use_tma: bool):
+    """The kernel's a_desc argument: a TMA descriptor (block shape set per config by _tma_block),
+    or the tensor itself when the kernel loads through pointers."""
+    return TensorDescriptor.from_tensor(t, [16, 16]) if use_tma else t
 
 
 def _prune(configs, named_args, **kwargs):
@@ -75,13 +106,13 @@ def _tile(T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
 
 
 @triton.autotune(
-    configs=_configs(_GATHER_K_TILES), key=["N", "KC", "V"], prune_configs_by={"early_config_prune": _prune}
+    configs=_configs(_GATHER_K_TILES), key=["N", "KC", "V", "USE_TMA"], prune_configs_by={"early_config_prune": _prune}
 )
 @triton.jit
 def _gather_k_kernel(
-    c_ptr, ids_ptr, b_ptr, bias_ptr, out_ptr,
+    c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
     T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = _tile(T, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -95,7 +126,10 @@ def _gather_k_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, KC, BLOCK_K):
         k_ok = rk < KC - k0
-        a = tl.load(c_ptrs, mask=k_ok[None, :], other=0.0)
+        if USE_TMA:  # c through its TMA descriptor (zero-filled past KC)
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+        else:
+            a = tl.load(c_ptrs, mask=k_ok[None, :], other=0.0)
         idx = tl.load(id_ptrs, mask=k_ok, other=0)
         b_ptrs = b_ptr + idx[:, None].to(tl.int64) * stride_b + rn[None, :]  # gathered rows [BLOCK_K, BLOCK_N]
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -111,12 +145,14 @@ def _gather_k_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
-@triton.autotune(configs=_configs(_TILES), key=["KC", "K", "V"], prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=_configs(_TILES), key=["KC", "K", "V", "USE_TMA"], prune_configs_by={"early_config_prune": _prune}
+)
 @triton.jit
 def _gather_n_kernel(
-    a_ptr, bt_ptr, ids_ptr, r_ptr, out_ptr,
+    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-    HAS_R: tl.constexpr, IEEE: tl.constexpr,
+    HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = _tile(T, KC, BLOCK_M, BLOCK_N, GROUP_M)
@@ -131,7 +167,10 @@ def _gather_n_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = rk < K - k0
-        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        if USE_TMA:  # dY through its TMA descriptor (zero-filled past K)
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+        else:
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
@@ -162,9 +201,16 @@ def _check(name: str, v: int, **tensors: torch.Tensor) -> None:
 
 
 def gather_k_mm(
-    c: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, bias: torch.Tensor | None = None
+    c: torch.Tensor,
+    ids: torch.Tensor,
+    b: torch.Tensor,
+    v: int,
+    bias: torch.Tensor | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
-    """[T, N] = per block of V rows, c[block] @ b[ids[block]] (+ bias [N]). c [T, Kc], ids [T/V, Kc], b [F, N]."""
+    """[T, N] = per block of V rows, c[block] @ b[ids[block]] (+ bias [N]). c [T, Kc], ids [T/V, Kc], b [F, N].
+
+    ``tma``: load c through a TMA descriptor (None: see _tma)."""
     _check("gather_k_mm", v, c=c, ids=ids, b=b)
     t, kc = c.shape
     if t % v or ids.shape != (t // v, kc):
@@ -177,20 +223,26 @@ def gather_k_mm(
     def grid(meta):
         return (triton.cdiv(t, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
+    use_tma = _tma(c, tma)
     _gather_k_kernel[grid](
-        c, ids, b, bias if bias is not None else b, out,
+        c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
         t, n, kc, v, c.stride(0), ids.stride(0), b.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32,
+        HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma,
     )  # fmt: skip
     return out
 
 
 def gather_n_mm(
-    a: torch.Tensor, bt: torch.Tensor, ids: torch.Tensor, v: int, r: torch.Tensor | None = None
+    a: torch.Tensor,
+    bt: torch.Tensor,
+    ids: torch.Tensor,
+    v: int,
+    r: torch.Tensor | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
-    a [T, K], bt [F, K], ids [T/V, Kc].
+    a [T, K], bt [F, K], ids [T/V, Kc]. ``tma``: load a through a TMA descriptor (None: see _tma).
     """
     tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
     _check("gather_n_mm", v, **tensors)
@@ -205,9 +257,10 @@ def gather_n_mm(
     def grid(meta):
         return (triton.cdiv(t, meta["BLOCK_M"]) * triton.cdiv(kc, meta["BLOCK_N"]),)
 
+    use_tma = _tma(a, tma)
     _gather_n_kernel[grid](
-        a, bt, ids, r if r is not None else a, out,
+        a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out,
         t, kc, k, v, a.stride(0), bt.stride(0), ids.stride(0), r.stride(0) if r is not None else 0, out.stride(0),
-        HAS_R=r is not None, IEEE=a.dtype == torch.float32,
+        HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma,
     )  # fmt: skip
     return out

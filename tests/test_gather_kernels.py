@@ -42,27 +42,39 @@ def test_scatter_exact(v, n, m, blocks, groups, dtype, square):
         assert torch.equal(got, vnm_scatter_ref(h_c, ids, v, groups * m))
 
 
+def _tma_ok(t: torch.Tensor) -> bool:
+    return (t.stride(0) * t.element_size()) % 16 == 0
+
+
 @pytest.mark.parametrize("v, n, m, blocks, groups", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_gather_k(v, n, m, blocks, groups, dtype, bias):
+@pytest.mark.parametrize("tma", [False, True])
+def test_gather_k(v, n, m, blocks, groups, dtype, bias, tma):
+    """tma: the compact operand through a TMA descriptor (zero-filled past Kc, which is not a
+    multiple of the tile in the fp32 cases); rows not 16-byte aligned are refused."""
     h_c, _, ids, g = _compact(v, n, m, blocks, groups, dtype, seed=3 * v + m)
     cols = 40  # not a multiple of the tile
     b = torch.randn(groups * m, cols, generator=g).to(DEVICE, dtype)
     bb = torch.randn(cols, generator=g).to(DEVICE, dtype) if bias else None
-    _close(gather_k_mm(h_c, ids, b, v, bb), gather_k_mm_ref(h_c, ids, b, v, bb), dtype)
+    if tma and not _tma_ok(h_c):
+        with pytest.raises(ValueError, match="tma=True needs a 16-byte aligned"):
+            gather_k_mm(h_c, ids, b, v, bb, tma=True)
+        return
+    _close(gather_k_mm(h_c, ids, b, v, bb, tma=tma), gather_k_mm_ref(h_c, ids, b, v, bb), dtype)
 
 
 @pytest.mark.parametrize("v, n, m, blocks, groups", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_gather_n(v, n, m, blocks, groups, dtype, epilogue):
+@pytest.mark.parametrize("tma", [False, True])
+def test_gather_n(v, n, m, blocks, groups, dtype, epilogue, tma):
     _, r_c, ids, g = _compact(v, n, m, blocks, groups, dtype, seed=5 * v + m)
-    k = 48
+    k = 40  # not a multiple of the tile; rows 16-byte aligned in fp16 and fp32
     a = torch.randn(blocks * v, k, generator=g).to(DEVICE, dtype)
     bt = torch.randn(groups * m, k, generator=g).to(DEVICE, dtype)
     r = r_c if epilogue else None
-    got = gather_n_mm(a, bt, ids, v, r)
+    got = gather_n_mm(a, bt, ids, v, r, tma=tma)
     _close(got, gather_n_mm_ref(a, bt, ids, v, r), dtype)
     if epilogue:  # zero exactly where the row dropped the entry
         assert (got[r_c == 0] == 0).all()

@@ -81,16 +81,22 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types = {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8"}
         cases.append((f"transposable 2:4 pairs {dt}", wpairs._transposable_24_pairs_kernel, _sig(names, ce, types), ce))
     for cfg in gemm._configs(gemm._TILES[:2]):  # the language is the same in every config; two tile shapes
-        ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False)
-        names = "c_ptr ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
-        names += "HAS_BIAS IEEE BLOCK_M BLOCK_N BLOCK_K GROUP_M"
-        types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
-        cases.append((f"gather_k {cfg.kwargs}", gemm._gather_k_kernel.fn, _sig(names, ce, types), ce))
-        ce = dict(cfg.kwargs, HAS_R=True, IEEE=False)
-        names = "a_ptr bt_ptr ids_ptr r_ptr out_ptr T KC K V stride_a stride_bt stride_ids stride_r stride_out "
-        names += "HAS_R IEEE BLOCK_M BLOCK_N BLOCK_K GROUP_M"
-        types = {"a_ptr": "*bf16", "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16", "out_ptr": "*bf16"}
-        cases.append((f"gather_n {cfg.kwargs}", gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
+        bm, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]
+        for tma in (False, True):  # the contiguous operand through pointers, or a TMA descriptor
+            a_desc = f"tensordesc<bf16[{bm},{bk}]>" if tma else "*bf16"
+            suffix = " TMA" if tma else ""
+            ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False, USE_TMA=tma)
+            names = "c_ptr a_desc ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
+            names += "HAS_BIAS IEEE USE_TMA BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+            types = {"c_ptr": "*bf16", "a_desc": a_desc, "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16"}
+            types["out_ptr"] = "*bf16"
+            cases.append((f"gather_k{suffix} {cfg.kwargs}", gemm._gather_k_kernel.fn, _sig(names, ce, types), ce))
+            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma)
+            names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr T KC K V stride_a stride_bt stride_ids stride_r "
+            names += "stride_out HAS_R IEEE USE_TMA BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+            types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
+            types["out_ptr"] = "*bf16"
+            cases.append((f"gather_n{suffix} {cfg.kwargs}", gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
     return cases
 
 
@@ -108,7 +114,11 @@ def main() -> int:
     for name, fn, signature, constexprs in kernels():
         try:
             triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
-            div16 = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature) if signature[n] != "constexpr"}
+            div16 = {
+                (i,): [["tt.divisibility", 16]]
+                for i, n in enumerate(signature)
+                if signature[n] != "constexpr" and not signature[n].startswith("tensordesc")
+            }
             ptx = triton.compile(
                 ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target
             ).asm["ptx"]
