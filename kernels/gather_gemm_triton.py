@@ -9,7 +9,8 @@ BLOCK_M rows inside one block multiplies against one set of gathered rows of a d
 
 FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F. Bytes: the
 gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
-along N (resp. K), so each gathered row is a coalesced load. fp32 accumulate; fp32 inputs use
+along N (resp. K), so each gathered row is a coalesced load (cp.async; Hopper has no TMA gather);
+the contiguous operand (c, resp. a) comes through a TMA descriptor on sm90+. fp32 accumulate; fp32 inputs use
 IEEE fp32 dot (no TF32), so the kernels never change a user's precision.
 BLOCK_M must divide V (one id set per tile): the autotuner only tries those configs. The token
 count T is not in the autotune key: a model whose batch varies (dynamic shapes) tunes once per
