@@ -26,6 +26,7 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.gather_reference import gather_k_mm_ref, gather_n_mm_ref, vnm_scatter_ref
+from sparse_compile.measure import max_rel_err
 
 SHAPES = [(16384, 2048, 8192), (16384, 4096, 16384)]
 PATTERNS = [(128, 2, 8), (128, 2, 16), (64, 2, 8)]
@@ -41,10 +42,6 @@ def _tuned(kernel) -> str:
     return f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']} s{c.num_stages} w{c.num_warps}"
 
 
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
-
-
 def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
@@ -56,8 +53,8 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     kc = h_c.shape[1]
     want_k, want_n = gather_k_mm_ref(h_c, ids, w2t, v), gather_n_mm_ref(dy, w2t, ids, v, r_c)
     checks = {  # the worse of the pointer and the TMA variant
-        "F2/B3 gather_k": max(_rel_err(gather_k_mm(h_c, ids, w2t, v, tma=t), want_k) for t in (False, True)),
-        "B1 gather_n+dZ": max(_rel_err(gather_n_mm(dy, w2t, ids, v, r_c, tma=t), want_n) for t in (False, True)),
+        "F2/B3 gather_k": max(max_rel_err(gather_k_mm(h_c, ids, w2t, v, tma=t), want_k) for t in (False, True)),
+        "B1 gather_n+dZ": max(max_rel_err(gather_n_mm(dy, w2t, ids, v, r_c, tma=t), want_n) for t in (False, True)),
         "scatter": float(not torch.equal(vnm_scatter(r_c, ids, v, m), vnm_scatter_ref(r_c, ids, v, h))),
     }
     dense_h = torch.randn(t, h, device="cuda", dtype=bf, generator=g)

@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.measure import back_to_back_ms
+from sparse_compile.measure import back_to_back_ms, max_rel_err
 
-GEMMS = ("F2", "B1", "B3")
+GATHER_GEMMS = ("F2", "B1", "B3")
 
 
 @dataclass(frozen=True)
 class GatherChoice:
-    dense: frozenset[str]  # of GEMMS: the ones cuBLAS runs
+    dense: frozenset[str]  # of GATHER_GEMMS: the ones cuBLAS runs
     why: str
 
 
@@ -35,10 +35,6 @@ def choose_gathers(device_index: int, dtype: torch.dtype, tokens: int, d: int, h
     called while a compile traces with fake ones)."""
     with unset_fake_temporarily(), torch.no_grad(), torch.autocast("cuda", enabled=False):
         return _measure(torch.device("cuda", device_index), dtype, tokens, d, h, v, n, m)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
 
 def _measure(device, dtype, tokens, d, h, v, n, m) -> GatherChoice:
@@ -64,7 +60,7 @@ def _measure(device, dtype, tokens, d, h, v, n, m) -> GatherChoice:
     }
     dense, notes = set(), []
     for name, (gather, cublas) in candidates.items():
-        err = _rel(gather(), cublas())
+        err = max_rel_err(gather(), cublas())
         if err > 2e-2:  # both compute the same product; bf16 rounding differs by ~4e-3
             dense.add(name)
             notes.append(f"{name} cuBLAS (gather kernel off by {err:.1e})")

@@ -1,4 +1,4 @@
-"""Timing for the compile-time kernel choices (f1_choice.py, gather_choice.py)."""
+"""Timing and error for the compile-time kernel choices (f1_choice.py, gather_choice.py)."""
 
 from collections.abc import Callable
 
@@ -19,3 +19,8 @@ def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def max_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|, in float32: the error relative to the output's scale."""
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()

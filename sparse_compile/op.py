@@ -22,6 +22,7 @@ import torch
 
 from sparse_compile.config import parse_activation_pattern, parse_weight_grad
 from sparse_compile.dispatch import DEVICES
+from sparse_compile.gather_choice import GATHER_GEMMS
 from sparse_compile.kernels import (
     sqrelu_ffn_backward_ref,
     sqrelu_ffn_forward_ref,
@@ -48,8 +49,10 @@ def parse_spec(spec: str) -> OpSpec:
     (see SparsityConfig.op_spec)."""
     fields = dict(item.split("=", 1) for item in spec.split(";"))
     dense_gemms = frozenset(fields["dense_gemms"].split("+")) if fields.get("dense_gemms") else frozenset()
-    if not dense_gemms <= {"F2", "B1", "B3"}:
-        raise ValueError(f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: F2, B1, B3 joined by '+'")
+    if not dense_gemms <= set(GATHER_GEMMS):
+        raise ValueError(
+            f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: {', '.join(GATHER_GEMMS)} joined by '+'"
+        )
     act = fields["activations"]
     weights = fields["weights"]
     return OpSpec(
