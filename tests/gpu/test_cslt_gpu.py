@@ -7,6 +7,9 @@ import torch
 from sparse_compile.kernels.activation_mask import vnm_mask
 from sparse_compile.kernels.cslt_compress_triton import cslt_compress, cslt_compress_triton, random_24
 
+from .test_cuda_reference import _rel
+from .test_gather_gpu import ffn_leaves, run_with_grads
+
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)"),
     pytest.mark.skipif(
@@ -67,24 +70,12 @@ def test_sparse_f1_matches_linear_with_bias(dtype):
 def test_gather_op_with_cusparselt_f1_matches_cublas_f1():
     from sparse_compile import SparsityConfig
 
-    g = torch.Generator(device="cuda").manual_seed(4)
-
-    def r(*s, scale=1.0):
-        return (torch.randn(*s, generator=g, device="cuda") * scale).to(torch.bfloat16).requires_grad_()
-
-    x, w1, b1, w2, b2 = r(4, 256, 512), r(2048, 512, scale=0.05), r(2048, scale=0.1), r(512, 2048, scale=0.02), r(512)
+    leaves = ffn_leaves(4, torch.bfloat16)
     spec = SparsityConfig(weights="2:4", activations="64:2:8").op_spec()
-    ops = torch.ops.sparse_compile
-    outs = []
-    for suffix in ("", ";f1_alg=0"):
-        for t in (x, w1, b1, w2, b2):
-            t.grad = None
-        w1s, w2s = (ops.sparsify_weight(w, "2:4", 0.0) for w in (w1, w2))
-        y = ops.sqrelu_ffn_vnm(x, w1s, b1, w2s, b2, spec + suffix)[0]
-        (y.float() * torch.linspace(-1, 1, y.numel(), device="cuda").reshape(y.shape)).sum().backward()
-        outs.append([y.detach()] + [t.grad.clone() for t in (x, w1, b1, w2, b2)])
+    op = torch.ops.sparse_compile.sqrelu_ffn_vnm
+    outs = [run_with_grads(op, leaves, "2:4", spec + suffix) for suffix in ("", ";f1_alg=0")]
     for i, (a, b) in enumerate(zip(*outs, strict=True)):
-        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 2e-2, f"output {i}"
+        assert _rel(a, b) < 2e-2, f"output {i}"
 
 
 def test_compiled_venom_model_reports_the_measured_f1_choice():

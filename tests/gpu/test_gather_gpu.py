@@ -20,6 +20,29 @@ CONFIGS = [
 ]
 
 
+def ffn_leaves(seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """(x [4, 256, 512], w1 [2048, 512], b1, w2 [512, 2048], b2) on CUDA, requiring grad."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g, device="cuda") * scale).to(dtype).requires_grad_()
+
+    return r(4, 256, 512), r(2048, 512, scale=0.05), r(2048, scale=0.1), r(512, 2048, scale=0.02), r(512)
+
+
+def run_with_grads(op, leaves: tuple[torch.Tensor, ...], weights: str | None, spec: str) -> list[torch.Tensor]:
+    """[y, dx, dw1, db1, dw2, db2] of one FFN op call on ``leaves`` (its weights 2:4-masked first if
+    ``weights``), under a fixed cotangent that weights every output element differently."""
+    x, w1, b1, w2, b2 = leaves
+    for t in leaves:
+        t.grad = None
+    ops = torch.ops.sparse_compile
+    w1s, w2s = (ops.sparsify_weight(w, "2:4", 0.0) if weights else w for w in (w1, w2))
+    y = op(x, w1s, b1, w2s, b2, spec)[0]
+    (y.float() * torch.linspace(-1, 1, y.numel(), device="cuda").reshape(y.shape)).sum().backward()
+    return [y.detach()] + [t.grad.clone() for t in leaves]
+
+
 def _poison() -> None:
     """Leave NaN in the caching allocator's free blocks, so an output element a kernel forgets shows."""
     junk = torch.full((1 << 28,), float("nan"), device="cuda", dtype=torch.float16)
@@ -30,24 +53,14 @@ def _poison() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dense", ["", ";dense_gemms=B1+B3+F2"], ids=["gather", "cublas"])
 def test_gather_op_matches_reference_op_and_oracle(config, dtype, dense):
-    g = torch.Generator(device="cuda").manual_seed(1)
-
-    def r(*s, scale=1.0):
-        return (torch.randn(*s, generator=g, device="cuda") * scale).to(dtype).requires_grad_()
-
-    x, w1, b1, w2, b2 = r(4, 256, 512), r(2048, 512, scale=0.05), r(2048, scale=0.1), r(512, 2048, scale=0.02), r(512)
+    leaves = ffn_leaves(1, dtype)
     ops = torch.ops.sparse_compile
     outs = {}
     for name, op in (("gather", ops.sqrelu_ffn_vnm), ("reference", ops.sqrelu_ffn)):
         _poison()
-        for t in (x, w1, b1, w2, b2):
-            t.grad = None
-        w1s, w2s = (ops.sparsify_weight(w, "2:4", 0.0) if config.weights else w for w in (w1, w2))
-        y = op(x, w1s, b1, w2s, b2, config.op_spec() + (dense if name == "gather" else ""))[0]
-        (y.float() * torch.linspace(-1, 1, y.numel(), device="cuda").reshape(y.shape)).sum().backward()
-        outs[name] = [y.detach()] + [t.grad.clone() for t in (x, w1, b1, w2, b2)]
+        outs[name] = run_with_grads(op, leaves, config.weights, config.op_spec() + (dense if name == "gather" else ""))
         assert all(torch.isfinite(o).all() for o in outs[name]), name
-    y_ref, ref = oracle_ffn(*(t.detach() for t in (x, w1, b1, w2, b2)), config)
+    y_ref, ref = oracle_ffn(*(t.detach() for t in leaves), config)
     for i, (a, b) in enumerate(zip(outs["gather"], outs["reference"], strict=True)):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert _rel(a, b) < 1e-2, f"output {i}: gather vs reference op"
