@@ -9,6 +9,7 @@ then times (triton.testing.do_bench medians), side by side in the same run:
   ceiling   cuBLAS on the reduced size, one dense GEMM with Kc = h*4/M (what a perfect gather reaches)
   kernel    F2/B3: gather_k_mm; B1: gather_n_mm with the dZ epilogue; plus scatter and selection
   TMA       the same kernel loading its contiguous operand (c, dY) through a TMA descriptor
+  default   the kernel as the FFN calls it (TMA on sm90+; gather_n also persistent, one program per SM)
 "of ceiling" = ceiling ms / kernel ms; memory kernels are against the measured copy rate.
 """
 
@@ -52,21 +53,27 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
     kc = h_c.shape[1]
     want_k, want_n = gather_k_mm_ref(h_c, ids, w2t, v), gather_n_mm_ref(dy, w2t, ids, v, r_c)
-    checks = {  # the worse of the pointer and the TMA variant
-        "F2/B3 gather_k": max(max_rel_err(gather_k_mm(h_c, ids, w2t, v, tma=t), want_k) for t in (False, True)),
-        "B1 gather_n+dZ": max(max_rel_err(gather_n_mm(dy, w2t, ids, v, r_c, tma=t), want_n) for t in (False, True)),
+    variants = [{"tma": False}, {"tma": True}]
+    checks = {  # the worst of the pointer, TMA (and persistent) variants
+        "F2/B3 gather_k": max(max_rel_err(gather_k_mm(h_c, ids, w2t, v, **kw), want_k) for kw in variants),
+        "B1 gather_n+dZ": max(
+            max_rel_err(gather_n_mm(dy, w2t, ids, v, r_c, persistent=p, **kw), want_n)
+            for kw in variants
+            for p in (False, True)
+        ),
         "scatter": float(not torch.equal(vnm_scatter(r_c, ids, v, m), vnm_scatter_ref(r_c, ids, v, h))),
     }
     dense_h = torch.randn(t, h, device="cuda", dtype=bf, generator=g)
     w2t_k = w2t[:kc].contiguous()
     first = torch.arange(kc, device="cuda", dtype=torch.int32).expand(t // v, kc).contiguous()
-    gemm = {  # name: (dense, ceiling, kernel, the kernel with TMA for its contiguous operand,
-        #                kernel on the first Kc rows (no gather), flops, Triton kernel)
+    gemm = {  # name: (dense, ceiling, kernel, the kernel with TMA for its contiguous operand, the kernel
+        #                with its defaults, kernel on the first Kc rows (no gather), flops, Triton kernel)
         "F2/B3 gather_k": (
             lambda: dense_h @ w2t,
             lambda: h_c @ w2t_k,
             lambda: gather_k_mm(h_c, ids, w2t, v, tma=False),
             lambda: gather_k_mm(h_c, ids, w2t, v, tma=True),
+            lambda: gather_k_mm(h_c, ids, w2t, v),
             lambda: gather_k_mm(h_c, first, w2t, v, tma=False),
             2 * t * kc * d,
             gather_gemm_triton._gather_k_kernel,
@@ -74,9 +81,10 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
         "B1 gather_n+dZ": (
             lambda: dy @ w2,
             lambda: dy @ w2t_k.t(),
-            lambda: gather_n_mm(dy, w2t, ids, v, r_c, tma=False),
-            lambda: gather_n_mm(dy, w2t, ids, v, r_c, tma=True),
-            lambda: gather_n_mm(dy, w2t, first, v, r_c, tma=False),
+            lambda: gather_n_mm(dy, w2t, ids, v, r_c, tma=False, persistent=False),
+            lambda: gather_n_mm(dy, w2t, ids, v, r_c, tma=True, persistent=False),
+            lambda: gather_n_mm(dy, w2t, ids, v, r_c),
+            lambda: gather_n_mm(dy, w2t, first, v, r_c, tma=False, persistent=False),
             2 * t * kc * d,
             gather_gemm_triton._gather_n_kernel,
         ),
@@ -84,11 +92,13 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
     shape = f"{t}x{d}x{h}"
     pattern = f"{v}:{n}:{m}"
     rows = []
-    for name, (dense, ceiling, kernel, kernel_tma, no_gather, flops, triton_kernel) in gemm.items():
+    for name, (dense, ceiling, kernel, kernel_tma, default, no_gather, flops, triton_kernel) in gemm.items():
         ms_d, ms_c, ms_k = _ms(dense), _ms(ceiling), _ms(kernel)
         config = _tuned(triton_kernel)
         ms_t = _ms(kernel_tma)
         config_t = _tuned(triton_kernel)
+        ms_default = _ms(default)
+        config_default = _tuned(triton_kernel)
         ms_n = _ms(no_gather)
         rows.append(
             {
@@ -96,6 +106,7 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
                 "ms": ms_k, "TFLOP/s": flops / ms_k / 1e9, "dense ms": ms_d, "ceiling ms": ms_c,
                 "of ceiling": ms_c / ms_k, "vs dense": ms_d / ms_k, "no-gather ms": ms_n, "config": config,
                 "TMA ms": ms_t, "TMA of ceiling": ms_c / ms_t, "TMA config": config_t,
+                "default ms": ms_default, "default of ceiling": ms_c / ms_default, "default config": config_default,
             }
         )  # fmt: skip
     memory = {  # name: (fn, bytes moved, error)

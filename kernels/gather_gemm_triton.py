@@ -17,6 +17,7 @@ count T is not in the autotune key: a model whose batch varies (dynamic shapes) 
 layer shape, not once per batch size (tuning takes seconds).
 """
 
+import functools
 import os
 
 import torch
@@ -29,6 +30,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # aligned rows): on the H100 gather_k 1.25 -> 1.18 ms, gather_n 1.26 -> 1.23 ms at 4096x16384
 # 128:2:16, equal at 2048x8192 (bench/RESULTS.md 4k).
 TMA_DEFAULT = True
+# gather_n as persistent programs (one per SM, walking the tiles in one flattened loop, so the
+# next tile's loads are issued under this tile's last dots and its dZ epilogue): on the H100
+# 1.19 -> 0.98 ms at 4096x16384 and 0.32 -> 0.245 ms at 2048x8192, 128:2:16 (bench/RESULTS.md 4l).
+PERSISTENT_DEFAULT = True
 
 # Hopper/Ampere bf16/fp16 tiles: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
 _TILES = [
@@ -90,15 +95,38 @@ def _a_operand(t: torch.Tensor, use_tma: bool):
     return TensorDescriptor.from_tensor(t, [16, 16]) if use_tma else t
 
 
+def _persistent(t: torch.Tensor, persistent: bool | None) -> bool:
+    return (PERSISTENT_DEFAULT and t.is_cuda) if persistent is None else persistent
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    index = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _grid(rows: int, cols: int, device: torch.device, persistent: bool):
+    """Launch grid of a [rows, cols] output: one program per tile, or (persistent) at most one per
+    SM (CPU interpreter: 4 programs, enough to walk several tiles each)."""
+
+    def grid(meta):
+        tiles = triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(cols, meta["BLOCK_N"])
+        if not persistent:
+            return (tiles,)
+        return (min(tiles, _sm_count(device.index) if device.type == "cuda" else 4),)
+
+    return grid
+
+
 def _prune(configs, named_args, **kwargs):
     v = named_args["V"] if "V" in named_args else kwargs["V"]
     return [c for c in configs if v % c.kwargs["BLOCK_M"] == 0]
 
 
 @triton.jit
-def _tile(T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) in grouped order: GROUP_M row tiles share each column tile while it is in L2."""
-    pid = tl.program_id(0)
+def _tile(pid, T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile number -> (pid_m, pid_n) in grouped order: GROUP_M row tiles share each column tile
+    while it is in L2."""
     num_m = tl.cdiv(T, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_n
@@ -107,17 +135,15 @@ def _tile(T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
     return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
 
 
-@triton.autotune(
-    configs=_configs(_GATHER_K_TILES), key=["N", "KC", "V", "USE_TMA"], prune_configs_by={"early_config_prune": _prune}
-)
 @triton.jit
-def _gather_k_kernel(
-    c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
+def _gather_k_tile(
+    tile, c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
     T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _tile(T, N, BLOCK_M, BLOCK_N, GROUP_M)
+    """One [BLOCK_M, BLOCK_N] output tile of gather_k_mm."""
+    pid_m, pid_n = _tile(tile, T, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -148,16 +174,34 @@ def _gather_k_kernel(
 
 
 @triton.autotune(
-    configs=_configs(_TILES), key=["KC", "K", "V", "USE_TMA"], prune_configs_by={"early_config_prune": _prune}
+    configs=_configs(_GATHER_K_TILES), key=["N", "KC", "V", "USE_TMA"], prune_configs_by={"early_config_prune": _prune}
 )
 @triton.jit
-def _gather_n_kernel(
-    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+def _gather_k_kernel(
+    c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
+    T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # Not persistent: in a flattened persistent loop (tl.range(..., flatten=True)) Triton 3.6 does
+    # not pipeline the gathered rows (their addresses come from the ids load: plain synchronous
+    # loads in the sm90 TTGIR), which measured 3.3x slower (bench/RESULTS.md 4l).
+    _gather_k_tile(
+        tl.program_id(0), c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
+        T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
+        HAS_BIAS, IEEE, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+    )  # fmt: skip
+
+
+@triton.jit
+def _gather_n_tile(
+    tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _tile(T, KC, BLOCK_M, BLOCK_N, GROUP_M)
+    """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm."""
+    pid_m, pid_n = _tile(tile, T, KC, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # compact columns
     rk = tl.arange(0, BLOCK_K)
@@ -186,6 +230,34 @@ def _gather_n_kernel(
         acc = acc.to(dtype).to(tl.float32) * (2.0 * r.to(tl.float32))
     out = out_ptr + rm[:, None].to(tl.int64) * stride_out + rn[None, :]
     tl.store(out, acc.to(dtype), mask=n_ok[None, :])
+
+
+@triton.autotune(
+    configs=_configs(_TILES),
+    key=["KC", "K", "V", "USE_TMA", "PERSISTENT"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _gather_n_kernel(
+    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+    T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
+    HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    if PERSISTENT:
+        tiles = tl.cdiv(T, BLOCK_M) * tl.cdiv(KC, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+            _gather_n_tile(
+                tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+                T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
+                HAS_R, IEEE, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            )  # fmt: skip
+    else:
+        _gather_n_tile(
+            tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+            T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
+            HAS_R, IEEE, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        )  # fmt: skip
 
 
 def _check(name: str, v: int, **tensors: torch.Tensor) -> None:
@@ -222,11 +294,8 @@ def gather_k_mm(
         raise ValueError(f"gather_k_mm: bias must be contiguous [{n}] of {c.dtype}; got {tuple(bias.shape)}")
     out = torch.empty(t, n, device=c.device, dtype=c.dtype)
 
-    def grid(meta):
-        return (triton.cdiv(t, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-
     use_tma = _tma(c, tma)
-    _gather_k_kernel[grid](
+    _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
         c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
         t, n, kc, v, c.stride(0), ids.stride(0), b.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma,
@@ -241,10 +310,12 @@ def gather_n_mm(
     v: int,
     r: torch.Tensor | None = None,
     tma: bool | None = None,
+    persistent: bool | None = None,
 ) -> torch.Tensor:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
     a [T, K], bt [F, K], ids [T/V, Kc]. ``tma``: load a through a TMA descriptor (None: see _tma).
+    ``persistent``: one program per SM walking the tiles (None: PERSISTENT_DEFAULT on CUDA).
     """
     tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
     _check("gather_n_mm", v, **tensors)
@@ -256,13 +327,11 @@ def gather_n_mm(
         )
     out = torch.empty(t, kc, device=a.device, dtype=a.dtype)
 
-    def grid(meta):
-        return (triton.cdiv(t, meta["BLOCK_M"]) * triton.cdiv(kc, meta["BLOCK_N"]),)
-
     use_tma = _tma(a, tma)
-    _gather_n_kernel[grid](
+    persist = _persistent(a, persistent)
+    _gather_n_kernel[_grid(t, kc, a.device, persist)](
         a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out,
         t, kc, k, v, a.stride(0), bt.stride(0), ids.stride(0), r.stride(0) if r is not None else 0, out.stride(0),
-        HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma,
+        HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
     )  # fmt: skip
     return out

@@ -80,6 +80,21 @@ def test_gather_n(v, n, m, blocks, groups, dtype, epilogue, tma):
         assert (got[r_c == 0] == 0).all()
 
 
+@pytest.mark.parametrize("v, n, m, blocks, groups", [(16, 2, 8, 5, 9), (32, 1, 12, 2, 7)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tma", [False, True])
+def test_gather_n_persistent(v, n, m, blocks, groups, dtype, tma):
+    """Persistent programs walking several tiles each (on the CPU 4 programs for 15-30 tiles),
+    with the dZ epilogue, against the reference; and the same answer as one program per tile."""
+    _, r_c, ids, g = _compact(v, n, m, blocks, groups, dtype, seed=7 * v + m)
+    k = 40
+    a = torch.randn(blocks * v, k, generator=g).to(DEVICE, dtype)
+    bt = torch.randn(groups * m, k, generator=g).to(DEVICE, dtype)
+    got = gather_n_mm(a, bt, ids, v, r_c, tma=tma, persistent=True)
+    _close(got, gather_n_mm_ref(a, bt, ids, v, r_c), dtype)
+    assert torch.equal(got, gather_n_mm(a, bt, ids, v, r_c, tma=tma, persistent=False))
+
+
 def test_ids_are_honoured():
     """A wrong id set must change the answer: the kernels really gather."""
     h_c, _, ids, g = _compact(16, 2, 8, 2, 4, torch.float32, seed=1)
