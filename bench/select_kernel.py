@@ -49,10 +49,10 @@ def sweep(t: int, h: int, ceiling: float) -> list[dict]:
         nbytes = t * h * 2 + 2 * t * h * 4 // m * 2 + (t // v) * h * 4 // m * 4
         configs = [
             {"block_g": block_g, "rows": rows, "num_warps": warps}
-            for block_g in (128 // m, 64 // m, 32 // m)  # 512 and 256 columns lost by 1.2-1.6x (RESULTS 4c)
-            for rows in (8, 16, 32, v)  # rows = V: the block is one register tile, Z read once
-            for warps in (4, 8)
-            if block_g * m * rows <= 16384
+            for block_g in (256 // m, 128 // m, 64 // m, 32 // m)
+            for rows in (4, 8, 16, 32)
+            for warps in (2, 4, 8)
+            if block_g * m * rows <= 8192
         ]
         out += sweep_tilings(
             functools.partial(vnm_select_compact, z, None, v, n, m),

@@ -1,13 +1,13 @@
 """Fused squared-ReLU V:N:M selection in Triton: Z -> compact H~, compact relu(Z), column ids.
 
 One program owns one block of V tokens x BLOCK_G groups of M hidden units, in two passes over
-its rows (ROWS at a time; with ROWS >= V the whole block is one register tile, read once):
+its rows (ROWS at a time):
   1. read Z, R = relu(Z + b), H = R^2 (each rounded to Z's dtype, as the reference does), and
      sum the column L1 norms of H over the V tokens (float32); keep the 4 columns of largest norm
      per M-group (rank = #larger + #equal at a lower index): 4 column ids c_0 < c_1 < c_2 < c_3;
-  2. read Z again (the tile was just read: it comes from L2), pick the 4 kept values per group,
-     keep per row the N largest of them (ties to the lower column), and store [ROWS, 4*BLOCK_G]
-     contiguous row segments of h_c and r_c.
+  2. read only the kept columns of Z again (a gather at the ids just found, straight into the
+     compact layout; the tile was just read, so from L1/L2), keep per row the N largest of each
+     group's 4 (ties to the lower column), and store [ROWS, 4*BLOCK_G] row segments of h_c, r_c.
 Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32 ids. At M=8,
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
@@ -24,12 +24,6 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _pick(x, j, c):
-    """x [ROWS, G, M_P] -> [ROWS, G]: x[:, g, c[g]]."""
-    return tl.sum(tl.where((j[None, :] == c[:, None])[None, :, :], x, 0.0), axis=2)
-
-
-@triton.jit
 def _four(a, b, c, d):
     """Four [ROWS, G] tensors -> [ROWS, 4*G] interleaved: a0 b0 c0 d0 a1 b1 ..."""
     x = tl.join(tl.join(a, c), tl.join(b, d))  # [ROWS, G, 2, 2]: x[..., i, k] = (a, b, c, d)[2 i + k]
@@ -37,43 +31,12 @@ def _four(a, b, c, d):
 
 
 @triton.jit
-def _relu_tile(z_ptr, bias, rows, row_ok, cols, col_ok, stride_z, HAS_BIAS: tl.constexpr):
-    """R = relu(Z + b) of [ROWS, BLOCK_G, M_P] (Z + b rounded to Z's dtype, as the reference does),
-    as float32, and the mask of its valid elements."""
-    ok = row_ok[:, None, None] & col_ok[None, :, :]
-    z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
+def _relu(z, bias, HAS_BIAS: tl.constexpr):
+    """relu(Z + b) as float32, Z + b rounded to Z's dtype first, as the reference does."""
     zf = z.to(tl.float32)
     if HAS_BIAS:
-        zf = zf + bias[None, :, :]
-    return tl.maximum(zf.to(z_ptr.dtype.element_ty).to(tl.float32), 0.0), ok
-
-
-@triton.jit
-def _emit(r, j, c0, c1, c2, c3, rows, row_ok, out, out_ok, hc_ptr, rc_ptr, stride_c, N: tl.constexpr):
-    """Pick the 4 kept columns of R [ROWS, BLOCK_G, M_P], keep per row the N of largest H = R^2
-    (value descending, then column ascending), store [ROWS, 4*BLOCK_G] segments of h_c and r_c."""
-    dtype = hc_ptr.dtype.element_ty
-    r0_, r1_, r2_, r3_ = _pick(r, j, c0), _pick(r, j, c1), _pick(r, j, c2), _pick(r, j, c3)
-    h0 = (r0_ * r0_).to(dtype).to(tl.float32)
-    h1 = (r1_ * r1_).to(dtype).to(tl.float32)
-    h2 = (r2_ * r2_).to(dtype).to(tl.float32)
-    h3 = (r3_ * r3_).to(dtype).to(tl.float32)
-    if N == 4:
-        k0 = h0 == h0
-        k1 = k0
-        k2 = k0
-        k3 = k0
-    else:
-        k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
-        k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
-        k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
-        k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
-    hc = _four(tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0))
-    rc = _four(tl.where(k0, r0_, 0.0), tl.where(k1, r1_, 0.0), tl.where(k2, r2_, 0.0), tl.where(k3, r3_, 0.0))
-    dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
-    mask = row_ok[:, None] & out_ok[None, :]
-    tl.store(hc_ptr + dst, hc.to(dtype), mask=mask)
-    tl.store(rc_ptr + dst, rc.to(dtype), mask=mask)
+        zf = zf + bias
+    return tl.maximum(zf.to(z.dtype).to(tl.float32), 0.0)
 
 
 @triton.jit
@@ -88,25 +51,24 @@ def _vnm_select_kernel(
     grp = g0 + tl.arange(0, BLOCK_G)
     j = tl.arange(0, M_P)
     r_idx = tl.arange(0, ROWS)
-    g_ok = grp < G
-    col_ok = g_ok[:, None] & (j[None, :] < M)  # [BLOCK_G, M_P]
+    col_ok = (grp < G)[:, None] & (j[None, :] < M)  # [BLOCK_G, M_P]
     cols = grp[:, None] * M + j[None, :]  # absolute hidden column
-    dtype = z_ptr.dtype.element_ty
+    dtype = hc_ptr.dtype.element_ty
     if HAS_BIAS:
-        bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :, :]
     else:
         bias = 0.0
 
-    # pass 1: column norms of H over the block's V tokens (ROWS >= V: the whole block in one tile,
-    # kept in registers for pass 2 instead of read again)
-    norms = tl.zeros((BLOCK_G, M_P), dtype=tl.float32)
-    if ROWS >= V:
-        r_all, ok = _relu_tile(z_ptr, bias, tb * V + r_idx, r_idx < V, cols, col_ok, stride_z, HAS_BIAS)
-        norms += tl.sum(tl.where(ok, (r_all * r_all).to(dtype).to(tl.float32), 0.0), axis=0)
-    else:
-        for r0 in range(0, V, ROWS):
-            r, ok = _relu_tile(z_ptr, bias, tb * V + r0 + r_idx, (r0 + r_idx) < V, cols, col_ok, stride_z, HAS_BIAS)
-            norms += tl.sum(tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0), axis=0)
+    # pass 1: H summed over the block's V tokens, elementwise per row slot (one cross-thread
+    # reduction at the end, not one per step)
+    acc = tl.zeros((ROWS, BLOCK_G, M_P), dtype=tl.float32)
+    for r0 in range(0, V, ROWS):
+        rows = tb * V + r0 + r_idx
+        ok = ((r0 + r_idx) < V)[:, None, None] & col_ok[None, :, :]
+        z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
+        r = _relu(z, bias, HAS_BIAS)
+        acc += tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0)
+    norms = tl.sum(acc, axis=0)
 
     # the 4 columns of largest norm per group; a column is "behind" each larger or equal-and-left one
     norms = tl.where(col_ok, norms, float("-inf"))
@@ -124,15 +86,32 @@ def _vnm_select_kernel(
     ids = tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * BLOCK_G,)) + (out // 4) * M
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, ids.to(tl.int32), mask=out_ok)
 
-    # pass 2: the kept values, the in-row choice among them, contiguous stores
-    if ROWS >= V:
-        _emit(r_all, j, c0, c1, c2, c3, tb * V + r_idx, r_idx < V, out, out_ok, hc_ptr, rc_ptr, stride_c, N)
+    # pass 2: read only the kept columns (the tile was just read: L1/L2), already in the compact
+    # layout; per row keep the N largest H of each group's 4 (value descending, then column
+    # ascending) and store contiguous [ROWS, 4*BLOCK_G] row segments of h_c and r_c
+    if HAS_BIAS:
+        bias_c = tl.load(b_ptr + ids, mask=out_ok, other=0.0).to(tl.float32)[None, :]
     else:
-        for r0 in range(0, V, ROWS):
-            rows = tb * V + r0 + r_idx
-            row_ok = (r0 + r_idx) < V
-            r, _ = _relu_tile(z_ptr, bias, rows, row_ok, cols, col_ok, stride_z, HAS_BIAS)
-            _emit(r, j, c0, c1, c2, c3, rows, row_ok, out, out_ok, hc_ptr, rc_ptr, stride_c, N)
+        bias_c = 0.0
+    q = tl.arange(0, 4)
+    before = q[None, :] < q[:, None]  # [4(this), 4(other)]: other is left of this
+    for r0 in range(0, V, ROWS):
+        rows = tb * V + r0 + r_idx
+        ok = ((r0 + r_idx) < V)[:, None] & out_ok[None, :]
+        z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + ids[None, :], mask=ok, other=0.0)
+        r = _relu(z, bias_c, HAS_BIAS)
+        h = (r * r).to(dtype).to(tl.float32)
+        if N < 4:
+            h4 = tl.reshape(h, (ROWS, BLOCK_G, 4))
+            x = h4[:, :, :, None]
+            y = h4[:, :, None, :]
+            rank = tl.sum(((y > x) | ((y == x) & before[None, None, :, :])).to(tl.int32), axis=3)
+            keep = tl.reshape(rank < N, (ROWS, 4 * BLOCK_G))
+            h = tl.where(keep, h, 0.0)
+            r = tl.where(keep, r, 0.0)
+        dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
+        tl.store(hc_ptr + dst, h.to(dtype), mask=ok)
+        tl.store(rc_ptr + dst, r.to(dtype), mask=ok)
 
 
 def vnm_select_compact(

@@ -18,13 +18,14 @@ def _z(t, f, dtype, seed, ties=False):
 
 @pytest.mark.parametrize(
     "v, n, m, groups, block_g, rows",
-    [  # rows >= V: one register tile per block (the default up to V=16); rows < V: two passes over Z
+    [  # rows = V (the default up to V=16), rows < V (several steps per pass), rows > V (masked rows)
         (1, 2, 4, 8, None, None),
         (4, 2, 8, 4, None, None),
         (4, 2, 8, 5, 2, 2),
         (2, 1, 12, 3, 1, None),
         (8, 4, 16, 3, 2, 4),
         (3, 2, 8, 6, 4, 2),
+        (3, 2, 8, 6, 2, 4),
         (16, 2, 8, 2, None, None),
         (16, 2, 16, 2, None, 4),
     ],
