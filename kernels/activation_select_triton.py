@@ -93,20 +93,21 @@ def _vnm_select_kernel(
         bias_c = tl.load(b_ptr + ids, mask=out_ok, other=0.0).to(tl.float32)[None, :]
     else:
         bias_c = 0.0
-    q = tl.arange(0, 4)
-    before = q[None, :] < q[:, None]  # [4(this), 4(other)]: other is left of this
     for r0 in range(0, V, ROWS):
         rows = tb * V + r0 + r_idx
         ok = ((r0 + r_idx) < V)[:, None] & out_ok[None, :]
         z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + ids[None, :], mask=ok, other=0.0)
         r = _relu(z, bias_c, HAS_BIAS)
         h = (r * r).to(dtype).to(tl.float32)
-        if N < 4:
-            h4 = tl.reshape(h, (ROWS, BLOCK_G, 4))
-            x = h4[:, :, :, None]
-            y = h4[:, :, None, :]
-            rank = tl.sum(((y > x) | ((y == x) & before[None, None, :, :])).to(tl.int32), axis=3)
-            keep = tl.reshape(rank < N, (ROWS, 4 * BLOCK_G))
+        if N < 4:  # the group's 4 values h0..h3 as [ROWS, BLOCK_G] tensors (split along columns)
+            even, odd = tl.split(tl.reshape(h, (ROWS, BLOCK_G, 2, 2)))
+            h0, h2 = tl.split(even)
+            h1, h3 = tl.split(odd)
+            k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
+            k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
+            k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
+            k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
+            keep = _four(k0, k1, k2, k3)
             h = tl.where(keep, h, 0.0)
             r = tl.where(keep, r, 0.0)
         dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
