@@ -145,12 +145,13 @@ def vnm_select_compact(
     r_c = torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     m_p = triton.next_power_of_2(m)
-    # Defaults from the H100 sweep (bench/RESULTS.md): 64 hidden columns x 16 rows per step was the
-    # best or within 10% of it for 128:2:16, 128:2:8 and 64:2:8 (256 x 16 was 1.2-1.6x slower).
-    if block_g is None:  # V=1 (2:4) has one row per program: give it 256 columns (1.57 ms vs 9.6 ms)
-        block_g = max(1, min(triton.next_power_of_2(f // m), (256 if v == 1 else 64) // m_p))
+    # Defaults from the H100 sweep at 16384 x 16384 (bench/RESULTS.md 4l): 64 hidden columns x 16
+    # rows per step for M=16 (0.48 ms, 128:2:16), 256 columns x 8 rows for M<=8 (0.60 ms, 128:2:8;
+    # 64 x 16 took 0.63). V=1 (2:4) has one row per program: 256 columns (1.57 ms vs 9.6 ms).
+    if block_g is None:
+        block_g = max(1, min(triton.next_power_of_2(f // m), (256 if v == 1 or m_p <= 8 else 64) // m_p))
     if rows is None:
-        rows = max(1, min(triton.next_power_of_2(v), 16))
+        rows = max(1, min(triton.next_power_of_2(v), 8 if m_p <= 8 else 16))
     grid = (t // v, triton.cdiv(f // m, block_g))
     _vnm_select_kernel[grid](
         z, bias if bias is not None else z, h_c, r_c, ids,
