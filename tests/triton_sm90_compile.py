@@ -87,9 +87,9 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             a_desc = f"tensordesc<bf16[{bm},{bk}]>" if tma else "*bf16"
             suffix = (" TMA" if tma else "") + (" persistent" if persistent else "")
             if not persistent:
-                ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False, USE_TMA=tma)
+                ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False, USE_TMA=tma, B_I32=tma)
                 names = "c_ptr a_desc ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
-                names += "HAS_BIAS IEEE USE_TMA BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+                names += "HAS_BIAS IEEE USE_TMA B_I32 BLOCK_M BLOCK_N BLOCK_K GROUP_M"
                 types = {"c_ptr": "*bf16", "a_desc": a_desc, "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16"}
                 types["out_ptr"] = "*bf16"
                 cases.append((f"gather_k{suffix} {cfg.kwargs}", gemm._gather_k_kernel.fn, _sig(names, ce, types), ce))
