@@ -85,9 +85,23 @@ def vnm_compact_ref(
     """
     r = torch.relu(z if bias is None else z + bias)
     h = r * r
-    cols, keep = vnm_select(h, v, n, m)
-    t, f = h.shape
-    ids = (cols + m * torch.arange(f // m, device=z.device).unsqueeze(-1)).reshape(t // v, f * 4 // m)
+    (h_c, r_c), ids = _compact(h, (h, r), v, n, m)
+    return h_c, r_c, ids
+
+
+def vnm_compact_abs_ref(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compact form of x [R, C] (signed) under the V:N:M pattern of |x| (blocks of V rows x M
+    columns): (x_c [R, C*4/M], ids int32 [R/V, C*4/M]), as vnm_compact_ref lays them out."""
+    (x_c,), ids = _compact(x.abs(), (x,), v, n, m)
+    return x_c, ids
+
+
+def _compact(score: torch.Tensor, values: tuple[torch.Tensor, ...], v: int, n: int, m: int):
+    """Each of ``values`` at the kept places of the V:N:M pattern of ``score`` (compact, 0 where a
+    row drops the entry), and the int32 ids of the compact columns."""
+    cols, keep = vnm_select(score, v, n, m)
+    t, f = score.shape
+    ids = (cols + m * torch.arange(f // m, device=score.device).unsqueeze(-1)).reshape(t // v, f * 4 // m)
     rows = ids.repeat_interleave(v, dim=0)
     keep = keep.reshape(t, f * 4 // m)
-    return h.gather(1, rows) * keep, r.gather(1, rows) * keep, ids.to(torch.int32)
+    return tuple(x.gather(1, rows) * keep for x in values), ids.to(torch.int32)

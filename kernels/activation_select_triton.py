@@ -44,8 +44,9 @@ def _vnm_select_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
     G, stride_z, stride_c, stride_ids,
     V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr, ABS: tl.constexpr,
 ):  # fmt: skip
+    """ABS: score |Z| instead of relu(Z + b)^2 and keep the signed Z (hc_ptr only; vnm_select_abs)."""
     tb = tl.program_id(0)  # token block
     g0 = tl.program_id(1) * BLOCK_G  # first M-group of this program
     grp = g0 + tl.arange(0, BLOCK_G)
@@ -66,8 +67,11 @@ def _vnm_select_kernel(
         rows = tb * V + r0 + r_idx
         ok = ((r0 + r_idx) < V)[:, None, None] & col_ok[None, :, :]
         z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
-        r = _relu(z, bias, HAS_BIAS)
-        acc += tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0)
+        if ABS:
+            acc += tl.abs(z.to(tl.float32))  # masked elements load as 0
+        else:
+            r = _relu(z, bias, HAS_BIAS)
+            acc += tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0)
     norms = tl.sum(acc, axis=0)
 
     # the 4 columns of largest norm per group; a column is "behind" each larger or equal-and-left one
@@ -97,8 +101,12 @@ def _vnm_select_kernel(
         rows = tb * V + r0 + r_idx
         ok = ((r0 + r_idx) < V)[:, None] & out_ok[None, :]
         z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + ids[None, :], mask=ok, other=0.0)
-        r = _relu(z, bias_c, HAS_BIAS)
-        h = (r * r).to(dtype).to(tl.float32)
+        if ABS:  # r: the kept value, h: its score
+            r = z.to(tl.float32)
+            h = tl.abs(r)
+        else:
+            r = _relu(z, bias_c, HAS_BIAS)
+            h = (r * r).to(dtype).to(tl.float32)
         if N < 4:  # the group's 4 values h0..h3 as [ROWS, BLOCK_G] tensors (split along columns)
             even, odd = tl.split(tl.reshape(h, (ROWS, BLOCK_G, 2, 2)))
             h0, h2 = tl.split(even)
@@ -111,8 +119,11 @@ def _vnm_select_kernel(
             h = tl.where(keep, h, 0.0)
             r = tl.where(keep, r, 0.0)
         dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
-        tl.store(hc_ptr + dst, h.to(dtype), mask=ok)
-        tl.store(rc_ptr + dst, r.to(dtype), mask=ok)
+        if ABS:
+            tl.store(hc_ptr + dst, r.to(dtype), mask=ok)
+        else:
+            tl.store(hc_ptr + dst, h.to(dtype), mask=ok)
+            tl.store(rc_ptr + dst, r.to(dtype), mask=ok)
 
 
 def vnm_select_compact(
@@ -130,19 +141,28 @@ def vnm_select_compact(
     Tiling (powers of two; the defaults are what bench/select_kernel.py measured): ``block_g`` M-groups
     per program, ``rows`` token rows per step of each pass, ``num_warps``.
     """
+    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, abs_score=False)
+
+
+def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of ``vnm_compact_abs_ref(x, v, n, m)``: the compact V:N:M form of x [R, C]
+    scored by |x| (blocks of V rows x M columns): (x_c [R, C*4/M] signed, ids int32 [R/V, C*4/M])."""
+    x_c, _, ids = _select("vnm_select_abs", x, None, v, n, m, None, None, 4, abs_score=True)
+    return x_c, ids
+
+
+def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score):
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
-        raise ValueError(f"vnm_select_compact: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
+        raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
     _check(z, v, n, m)
     if not z.is_contiguous():
-        raise ValueError("vnm_select_compact: z must be contiguous (row-major [T, F])")
+        raise ValueError(f"{name}: z must be contiguous (row-major [T, F])")
     t, f = z.shape
     if bias is not None and (bias.shape != (f,) or bias.dtype != z.dtype or not bias.is_contiguous()):
-        raise ValueError(
-            f"vnm_select_compact: bias must be contiguous [{f}] of {z.dtype}; got {tuple(bias.shape)} {bias.dtype}"
-        )
+        raise ValueError(f"{name}: bias must be contiguous [{f}] of {z.dtype}; got {tuple(bias.shape)} {bias.dtype}")
     kc = f * 4 // m
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)
-    r_c = torch.empty_like(h_c)
+    r_c = h_c if abs_score else torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     m_p = triton.next_power_of_2(m)
     # Defaults from the H100 sweep at 16384 x 16384 (bench/RESULTS.md 4l): 64 hidden columns x 16
@@ -156,6 +176,7 @@ def vnm_select_compact(
     _vnm_select_kernel[grid](
         z, bias if bias is not None else z, h_c, r_c, ids,
         f // m, z.stride(0), h_c.stride(0), ids.stride(0),
-        V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None, num_warps=num_warps,
+        V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None, ABS=abs_score,
+        num_warps=num_warps,
     )  # fmt: skip
     return h_c, r_c, ids

@@ -7,8 +7,8 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
   F2  Y = h_c @ W2^T[ids] + b2          gather-K GEMM, K = h*4/M
   B1  dZ_c = (dY @ W2^T[ids]^T) * 2 r_c gather-N GEMM with the dZ epilogue
   B3  dX = dZ_c @ W1[ids]               gather-K GEMM
-  B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand
-  B4  dW1 = scatter(dZ_c)^T X           exact, cuBLAS
+  B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand (or the
+  B4  dW1 = scatter(dZ_c)^T X           token-dim approximation, kernels/weight_grad_gather.py)
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
@@ -22,6 +22,7 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+from sparse_compile.kernels.weight_grad_gather import gather_supports, token_vnm_grad_gather
 
 
 def compact_dz(dh: torch.Tensor, ids: torch.Tensor, r_c: torch.Tensor, v: int) -> torch.Tensor:
@@ -77,8 +78,8 @@ def sqrelu_ffn_backward_gather(
     """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
     "B1" / "B3" in ``dense``: those on cuBLAS.
 
-    With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation, computed by the
-    reference (masked dense math on the scattered operands: no faster than exact yet)."""
+    With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation: on the gather-K GEMM
+    (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math."""
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
@@ -89,6 +90,11 @@ def sqrelu_ffn_backward_gather(
         del h  # one dense [T, h] operand alive at a time
         dz = vnm_scatter(dz_c, ids, v, m)
         dw1 = dz.t() @ x
+    elif gather_supports(weight_grad):  # the approximation on the gather-K GEMM, one operand at a time
+        dw2 = token_vnm_grad_gather(h, dy, weight_grad, dense_frac).t().contiguous()
+        del h
+        dz = vnm_scatter(dz_c, ids, v, m)
+        dw1 = token_vnm_grad_gather(dz, x, weight_grad, dense_frac)
     else:
         dz = vnm_scatter(dz_c, ids, v, m)
         dw1, dw2 = weight_grads(dy, x, h, dz, weight_grad, dense_frac)

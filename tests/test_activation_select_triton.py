@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from sparse_compile.kernels.activation_mask import vnm_compact_ref
-from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.activation_mask import vnm_compact_abs_ref, vnm_compact_ref
+from sparse_compile.kernels.activation_select_triton import vnm_select_abs, vnm_select_compact
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -47,6 +47,20 @@ def test_equals_reference(v, n, m, groups, block_g, rows, dtype, bias, ties):
     assert (grouped.diff(dim=-1) > 0).all()
     assert (grouped // m == torch.arange(groups, device=DEVICE)[None, :, None]).all()
     assert ((h_c.reshape(t, groups, 4) != 0).sum(-1) <= n).all()
+
+
+@pytest.mark.parametrize("v, n, m, groups", [(16, 2, 8, 4), (32, 1, 16, 3), (3, 2, 12, 5), (16, 4, 8, 2)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_abs_score_equals_reference(v, n, m, groups, dtype, ties):
+    """Scored by |x| and keeping the signed x (the token-dim weight-gradient approximation's
+    selection), bit for bit against vnm_compact_abs_ref; negative entries can win."""
+    x = _z(2 * v, groups * m, dtype, v + m, ties)
+    got = vnm_select_abs(x, v, n, m)
+    want = vnm_compact_abs_ref(x, v, n, m)
+    for name, a, b in zip(("x_c", "ids"), got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert (got[0] < 0).any()
 
 
 @pytest.mark.parametrize(

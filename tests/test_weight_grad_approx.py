@@ -8,6 +8,7 @@ import torch
 
 from sparse_compile import SparsityConfig
 from sparse_compile.kernels.weight_grad_approx import dense_rows, token_perm, token_vnm_grad
+from sparse_compile.kernels.weight_grad_gather import token_vnm_grad_gather
 
 from .test_gather_op import _inputs, _run_vnm
 from .test_op import run_op
@@ -47,6 +48,31 @@ def test_matches_the_rule(v, n, m, dense_frac):
     got = token_vnm_grad(a, b, (v, n, m), dense_frac)
     torch.testing.assert_close(got.double(), _loops(a, b, v, n, m, dense_frac), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got, a.t() @ b)  # it is an approximation
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest)
+
+
+@pytest.mark.parametrize("v, n, m", [(16, 2, 8), (32, 1, 16), (16, 4, 8)])
+@pytest.mark.parametrize("dense_frac", [0.0, 0.25])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gather_kernel_equals_reference(v, n, m, dense_frac, dtype):
+    """token_vnm_grad_gather (selection kernel on |a^T|, gather-K GEMM with the permutation in
+    its ids) against the reference, and against the exact product: an approximation of it."""
+    g = torch.Generator().manual_seed(v + m + n)
+    a = (torch.relu(torch.randn(64, 3 * v, generator=g)) * torch.randn(64, 3 * v, generator=g)).to(DEVICE, dtype)
+    b = torch.randn(64, 24, generator=g).to(DEVICE, dtype)
+    got = token_vnm_grad_gather(a, b, (v, n, m), dense_frac)
+    want = token_vnm_grad(a, b, (v, n, m), dense_frac)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    scale = want.float().abs().max().item()
+    assert (got.float() - want.float()).abs().max().item() <= (2e-3 if dtype == torch.float16 else 1e-5) * scale
+    assert not torch.allclose(got.float(), (a.t() @ b).float(), atol=1e-2 * scale)
+
+
+def test_gather_kernel_refuses_v_it_cannot_tile():
+    with pytest.raises(ValueError, match="V=4; the gather-K GEMM needs V a multiple of 16"):
+        token_vnm_grad_gather(torch.randn(32, 8), torch.randn(32, 3), (4, 2, 8))
 
 
 def test_exact_where_the_pattern_does_not_fit_and_with_all_rows_dense():
