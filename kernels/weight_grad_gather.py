@@ -2,13 +2,14 @@
 kernels/weight_grad_approx.py:token_vnm_grad, same semantics).
 
   a [T, h] (H~ or dZ), b [T, q] (dY or X):  grad [h, q] ~= a^T b with a sparse along T
-  1. a^T in the fixed token order: at = a^T[:, perm]                    [h, T]   (one copy)
+  1. a^T in the fixed token order: at = a[perm]^T                       [h, T]   (two copies)
   2. its compact V:N:M form scored by |at| (vnm_select_abs):            [h, T*4/M] + ids [h/V, T*4/M]
   3. grad = per block of V hidden units, at_c @ b[perm[ids]]            gather-K GEMM, K = T*4/M
      (the permutation goes into the ids, so b is read in place, never permuted)
   4. the round(dense_frac * h) hidden units with the most non-zeros: exact rows a[:, rows]^T b.
-FLOPs 2*h*q*T*4/M instead of 2*h*q*T; bytes: a read twice and written once (the transposed copy)
-plus the compact operand, b gathered per tile like a dense B.
+FLOPs 2*h*q*T*4/M instead of 2*h*q*T; bytes: a read three times and written twice (the row
+gather, the transpose, the selection's read) plus the compact operand, b gathered per tile like a
+dense B. (a^T[:, perm] in one indexing op was 4-5x slower: a strided gather of 2-byte elements.)
 """
 
 import torch
@@ -34,7 +35,7 @@ def token_vnm_grad_gather(
     if t % m or h % v:
         return a.t() @ b
     perm = token_perm(t, a.device)
-    at = a.t()[:, perm].contiguous()
+    at = a.index_select(0, perm).t().contiguous()  # row gather, then one transpose copy
     at_c, ids = vnm_select_abs(at, v, n, m)
     del at
     out = gather_k_mm(at_c, perm.to(torch.int32)[ids.long()], b.contiguous(), v)
