@@ -107,7 +107,7 @@ def test_op_backward_uses_it(gather):
             y, _, _, leaves = _run_vnm(*args, config)
         else:
             y, leaves = run_op(*args, config)
-        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        (y * torch.linspace(-1, 1, y.numel(), device=y.device).reshape(y.shape)).sum().backward()
         grads[name] = {k: t.grad for k, t in leaves.items()}
     for k in ("x", "b1", "b2"):
         torch.testing.assert_close(grads["approx"][k], grads["exact"][k])
