@@ -21,6 +21,9 @@ import triton.language as tl
 from sparse_compile.kernels.activation_mask import _check
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Pass 2 re-reads the tile pass 1 just read; with ~9 programs of 64 KB tiles per SM the tiles in
+# flight exceed L2 and the re-read goes to DRAM (ncu, 128:2:8: DRAM 79% busy, L2 hit 40%).
+EVICT_DEFAULT = False
 
 
 @triton.jit
@@ -45,8 +48,10 @@ def _vnm_select_kernel(
     G, stride_z, stride_c, stride_ids,
     V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr, ABS: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr,
 ):  # fmt: skip
-    """ABS: score |Z| instead of relu(Z + b)^2 and keep the signed Z (hc_ptr only; vnm_select_abs)."""
+    """ABS: score |Z| instead of relu(Z + b)^2 and keep the signed Z (hc_ptr only; vnm_select_abs).
+    KEEP / DROP: cache eviction policies of the first and the second read of the tile."""
     tb = tl.program_id(0)  # token block
     g0 = tl.program_id(1) * BLOCK_G  # first M-group of this program
     grp = g0 + tl.arange(0, BLOCK_G)
@@ -66,7 +71,8 @@ def _vnm_select_kernel(
     for r0 in range(0, V, ROWS):
         rows = tb * V + r0 + r_idx
         ok = ((r0 + r_idx) < V)[:, None, None] & col_ok[None, :, :]
-        z = tl.load(z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :], mask=ok, other=0.0)
+        ptrs = z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :]
+        z = tl.load(ptrs, mask=ok, other=0.0, eviction_policy=KEEP)
         if ABS:
             acc += tl.abs(z.to(tl.float32))  # masked elements load as 0
         else:
@@ -100,7 +106,8 @@ def _vnm_select_kernel(
     for r0 in range(0, V, ROWS):
         rows = tb * V + r0 + r_idx
         ok = ((r0 + r_idx) < V)[:, None] & out_ok[None, :]
-        z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + ids[None, :], mask=ok, other=0.0)
+        ptrs = z_ptr + rows[:, None].to(tl.int64) * stride_z + ids[None, :]
+        z = tl.load(ptrs, mask=ok, other=0.0, eviction_policy=DROP)
         if ABS:  # r: the kept value, h: its score
             r = z.to(tl.float32)
             h = tl.abs(r)
@@ -135,13 +142,15 @@ def vnm_select_compact(
     block_g: int | None = None,
     rows: int | None = None,
     num_warps: int = 4,
+    evict: bool = EVICT_DEFAULT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
 
     Tiling (powers of two; the defaults are what bench/select_kernel.py measured): ``block_g`` M-groups
-    per program, ``rows`` token rows per step of each pass, ``num_warps``.
+    per program, ``rows`` token rows per step of each pass, ``num_warps``. ``evict``: the first read
+    of Z asks L2 to keep it (evict_last) for the second, which releases it (evict_first).
     """
-    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, abs_score=False)
+    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, abs_score=False, evict=evict)
 
 
 def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +160,7 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
     return x_c, ids
 
 
-def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score):
+def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT):
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
     _check(z, v, n, m)
@@ -177,6 +186,6 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score):
         z, bias if bias is not None else z, h_c, r_c, ids,
         f // m, z.stride(0), h_c.stride(0), ids.stride(0),
         V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None, ABS=abs_score,
-        num_warps=num_warps,
+        KEEP="evict_last" if evict else "", DROP="evict_first" if evict else "", num_warps=num_warps,
     )  # fmt: skip
     return h_c, r_c, ids

@@ -44,8 +44,9 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     for v, n, m in [(128, 2, 16), (64, 2, 8), (128, 4, 8), (1, 2, 4), (3, 1, 12)]:
         m_p = triton.next_power_of_2(m)
         ce = {"V": v, "N": n, "M": m, "M_P": m_p, "ROWS": min(16, triton.next_power_of_2(v)), "BLOCK_G": 256 // m_p}
-        ce["HAS_BIAS"] = True
-        names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M M_P ROWS BLOCK_G HAS_BIAS"
+        ce |= {"HAS_BIAS": True, "ABS": False, "KEEP": "evict_last", "DROP": "evict_first"}
+        names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M M_P ROWS BLOCK_G HAS_BIAS ABS "
+        names += "KEEP DROP"
         cases.append((f"select {v}:{n}:{m}", select._vnm_select_kernel, _sig(names, ce, ptr), ce))
     ce = {"ROWS": 16, "BLOCK_G": 64, "HAS_BIAS": True, "MASKED": True}
     names = (
@@ -109,8 +110,9 @@ GATHERED_LOADS = ("select",)
 
 
 def memory_ops(ptx: str) -> Counter:
-    """Global load/store instructions of a PTX text by kind, e.g. {'ld.global.v4.b32': 8}."""
-    return Counter(re.findall(r"(?:ld|st)\.global(?:\.\w+)*", ptx))
+    """Global load/store instructions of a PTX text by kind, cache hints included, e.g.
+    {'ld.global.v4.b32': 8, 'ld.global.L1::evict_last.L2::cache_hint.v4.b32': 4}."""
+    return Counter(re.findall(r"(?:ld|st)\.global(?:\.(?:\w|::)+)*", ptx))
 
 
 def main() -> int:
