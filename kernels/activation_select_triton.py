@@ -22,8 +22,10 @@ from sparse_compile.kernels.activation_mask import _check
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Pass 2 re-reads the tile pass 1 just read; with ~9 programs of 64 KB tiles per SM the tiles in
-# flight exceed L2 and the re-read goes to DRAM (ncu, 128:2:8: DRAM 79% busy, L2 hit 40%).
-EVICT_DEFAULT = False
+# flight exceed L2 and the re-read goes to DRAM (ncu, 128:2:8: DRAM 79% busy, L2 hit 40%). L2
+# eviction hints on the two reads: 0.481 -> 0.460 ms (128:2:16), 0.595 -> 0.591 (128:2:8), same
+# output, never slower in 7 tilings (H100, bench/RESULTS.md 4l).
+EVICT_DEFAULT = True
 
 
 @triton.jit
