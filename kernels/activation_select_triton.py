@@ -6,8 +6,9 @@ its rows (ROWS at a time):
      sum the column L1 norms of H over the V tokens (float32); keep the 4 columns of largest norm
      per M-group (rank = #larger + #equal at a lower index): 4 column ids c_0 < c_1 < c_2 < c_3;
   2. read only the kept columns of Z again (a gather at the ids just found, straight into the
-     compact layout; the tile was just read, so from L1/L2), keep per row the N largest of each
-     group's 4 (ties to the lower column), and store [ROWS, 4*BLOCK_G] row segments of h_c, r_c.
+     compact layout; from L2 when the tile is still there, see EVICT_DEFAULT), keep per row the N
+     largest of each group's 4 (ties to the lower column), and store [ROWS, 4*BLOCK_G] row
+     segments of h_c and r_c.
 Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32 ids. At M=8,
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
@@ -98,7 +99,7 @@ def _vnm_select_kernel(
     ids = tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * BLOCK_G,)) + (out // 4) * M
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, ids.to(tl.int32), mask=out_ok)
 
-    # pass 2: read only the kept columns (the tile was just read: L1/L2), already in the compact
+    # pass 2: read only the kept columns (the tile was just read), already in the compact
     # layout; per row keep the N largest H of each group's 4 (value descending, then column
     # ascending) and store contiguous [ROWS, 4*BLOCK_G] row segments of h_c and r_c
     if HAS_BIAS:
@@ -163,6 +164,7 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
 
 
 def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT):
+    """Check the inputs (errors name ``name``), pick the tiling, launch; (h_c, r_c, ids)."""
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
     _check(z, v, n, m)

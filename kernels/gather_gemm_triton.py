@@ -127,6 +127,12 @@ def _grid(rows: int, cols: int, device: torch.device, persistent: bool):
     return grid
 
 
+def _i32_rows(b: torch.Tensor) -> bool:
+    """Whether every element offset of b (rows * row stride) fits in int32: then the gathered rows'
+    addresses are computed in 32 bits (H100: gather_k 1.13 -> 1.03 ms at 4096x16384, RESULTS 4l)."""
+    return b.shape[0] * b.stride(0) < 2**31
+
+
 def _prune(configs, named_args, **kwargs):
     v = named_args["V"] if "V" in named_args else kwargs["V"]
     return [c for c in configs if v % c.kwargs["BLOCK_M"] == 0]
@@ -312,7 +318,7 @@ def gather_k_mm(
     _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
         c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
         t, n, kc, v, c.stride(0), ids.stride(0), b.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma, B_I32=b.numel() < 2**31,
+        HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma, B_I32=_i32_rows(b),
     )  # fmt: skip
     return out
 

@@ -4,6 +4,7 @@ their references: interpreter on CPU (fp16/fp32), the GPU in bf16 too."""
 import pytest
 import torch
 
+from sparse_compile.kernels import gather_gemm_triton
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
@@ -78,6 +79,14 @@ def test_gather_n(v, n, m, blocks, groups, dtype, epilogue, tma):
     _close(got, gather_n_mm_ref(a, bt, ids, v, r), dtype)
     if epilogue:  # zero exactly where the row dropped the entry
         assert (got[r_c == 0] == 0).all()
+
+
+def test_gather_k_64bit_row_offsets(monkeypatch):
+    """The 64-bit address path, taken when b's offsets do not fit in int32 (here forced)."""
+    monkeypatch.setattr(gather_gemm_triton, "_i32_rows", lambda b: False)
+    h_c, _, ids, g = _compact(16, 2, 8, 2, 5, torch.float32, seed=11)
+    b = torch.randn(40, 24, generator=g).to(DEVICE)
+    _close(gather_k_mm(h_c, ids, b, 16), gather_k_mm_ref(h_c, ids, b, 16), torch.float32)
 
 
 @pytest.mark.parametrize("v, n, m, blocks, groups", [(16, 2, 8, 5, 9), (32, 1, 12, 2, 7)])
