@@ -71,14 +71,14 @@ def _tma_block(nargs: dict) -> None:
         nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
 
 
-def _configs(tiles: list[tuple[int, int, int, int, int]], group_m: int = 8) -> list[triton.Config]:
+def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
     if os.environ.get("TRITON_INTERPRET") == "1":  # CPU interpreter: one small config
         return [
             triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1, pre_hook=_tma_block)
         ]
     return [
         triton.Config(
-            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": _GROUP_M},
             num_stages=s,
             num_warps=w,
             pre_hook=_tma_block,
@@ -192,7 +192,7 @@ def _gather_k_tile(
 
 
 @triton.autotune(
-    configs=_configs(_GATHER_K_TILES, _GROUP_M),
+    configs=_configs(_GATHER_K_TILES),
     key=["N", "KC", "V", "USE_TMA", "B_I32"],
     prune_configs_by={"early_config_prune": _prune},
 )
@@ -253,7 +253,7 @@ def _gather_n_tile(
 
 
 @triton.autotune(
-    configs=_configs(_TILES, _GROUP_M),
+    configs=_configs(_TILES),
     key=["KC", "K", "V", "USE_TMA", "PERSISTENT"],
     prune_configs_by={"early_config_prune": _prune},
 )
