@@ -4,8 +4,13 @@ For each (T, h, pattern): checks vnm_select_compact == vnm_compact_ref bit for b
 times both (triton.testing.do_bench medians). Bytes counted: read Z (T*h*2) + write h_c and r_c
 (2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). Then the same for the compressed 2:4 kernel
 (activation_24 vs activation_24_ref): read Z, write values (T*h/2*2) + uint8 metadata (T*h/4), plus
-the masked dense H~ (T*h*2) in the "+ masked" rows. The ceiling is the measured device-to-device copy rate
-(bytes read + written) of a 1 GiB buffer on the same GPU.
+the masked dense H~ (T*h*2) in the "+ masked" rows. Then the 2:4 activation path's fused cuSPARSELt
+kernels (kernels/act24_cslt_triton.py), checked bit for bit against their references and h_buf
+against torch._cslt_compress: forward reads Z, writes two sm90 buffers (2 * T*h*(1/2 + 1/16)*2);
+backward reads dH and r_buf, writes dz_buf and the dense dZ~ and H~; the torch route each replaces
+is relu^2 + the 2:4 mask (+ dZ~ = dH * 2 R~) + torch._cslt_compress per buffer.
+The ceiling is the measured device-to-device copy rate (bytes read + written) of a 1 GiB buffer on
+the same GPU.
 """
 
 import argparse
@@ -18,8 +23,14 @@ from tabulate import tabulate
 
 from bench.env import environment, write_csv
 from bench.gpu_timing import copy_gbps, sweep_tilings
+from sparse_compile.kernels.act24_cslt_triton import (
+    sqrelu_24_backward,
+    sqrelu_24_backward_ref,
+    sqrelu_24_compress,
+    sqrelu_24_compress_ref,
+)
 from sparse_compile.kernels.activation_24_triton import activation_24, activation_24_ref
-from sparse_compile.kernels.activation_mask import vnm_compact_ref
+from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 
 PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16)]
@@ -63,6 +74,51 @@ def sweep(t: int, h: int, ceiling: float) -> list[dict]:
             pattern=f"{v}:{n}:{m}",
         )
     return out
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def act24_cslt_rows(z: torch.Tensor, ceiling: float, git: str) -> list[dict]:
+    """Forward and backward of the fused 2:4 -> cuSPARSELt kernels on Z (no bias: F1 adds it)."""
+    t, h = z.shape
+    r = torch.relu(z)
+    keep = vnm_mask(r * r, 1, 2, 4)
+    h_buf, r_buf = sqrelu_24_compress(z)
+    exact = all(_bits_equal(a, b) for a, b in zip((h_buf, r_buf), sqrelu_24_compress_ref(z), strict=True))
+    exact = exact and _bits_equal(h_buf, torch._cslt_compress(r * r * keep))
+
+    def torch_fwd():
+        rm = torch.relu(z) * vnm_mask(torch.relu(z).square(), 1, 2, 4)
+        return torch._cslt_compress(rm * rm), torch._cslt_compress(rm)
+
+    dh = torch.randn_like(z)
+    got, want = sqrelu_24_backward(dh, r_buf), sqrelu_24_backward_ref(dh, r_buf)
+    exact_bwd = _bits_equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1:], want[1:], strict=True))
+    r_masked = r * keep
+
+    def torch_bwd():
+        dz = (dh.float() * (2.0 * r_masked.float())).to(dh.dtype)
+        return torch._cslt_compress(dz), dz, r_masked * r_masked
+
+    buf = t * (h // 2 + h // 16) * 2
+    rows = []
+    for name, ok, fn, ref, nbytes in (
+        ("2:4 -> cuSPARSELt fwd", exact, lambda: sqrelu_24_compress(z), torch_fwd, t * h * 2 + 2 * buf),
+        ("2:4 -> cuSPARSELt bwd", exact_bwd, lambda: sqrelu_24_backward(dh, r_buf), torch_bwd,
+         t * h * 2 + buf + buf + 2 * t * h * 2),
+    ):  # fmt: skip
+        ms = triton.testing.do_bench(fn, return_mode="median")
+        ms_ref = triton.testing.do_bench(ref, return_mode="median")
+        gbps = nbytes / ms / 1e6
+        rows.append(
+            {
+                "T": t, "h": h, "pattern": name, "exact": ok, "ms": ms, "GB/s": gbps, "of copy": gbps / ceiling,
+                "torch ms": ms_ref, "speedup": ms_ref / ms, "git": git,
+            }
+        )  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     "torch ms": ms_ref, "speedup": ms_ref / ms, "git": env["git"],
                 }
             )  # fmt: skip
+        rows += act24_cslt_rows(z, ceiling, env["git"])
     print(tabulate(rows, headers="keys", floatfmt=".3f", tablefmt="github"))
     if args.sweep:
         print(tabulate(sweep(t, h, ceiling), headers="keys", floatfmt=".3f", tablefmt="github"))

@@ -86,44 +86,82 @@ def cslt_compress_ref(a: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _half_tile(band, tile0, half, TILES: tl.constexpr):
+    """Pass ``half`` = (r3, c2) of a program over rows [64 band, +64) x TILES tiles of 32 columns from
+    tile0: rows [32], columns [TILES * 16] of A, value columns [TILES * 8] of the [m, k/2] values, and
+    the shift of its codes in the [32, 4 TILES] int16 words (see the module docstring)."""
+    i = tl.arange(0, 32)  # r5 r4 r2 r1 r0 of the row within the band
+    q = tl.arange(0, TILES * 16)  # tile t = q // 16, column j = q % 16 inside the (r3, c2) half
+    v = tl.arange(0, TILES * 8)  # tile t = v // 8, kept value v % 8 of the half
+    r3 = half % 2
+    c2 = half // 2
+    rows = band * 64 + (i // 8) * 16 + r3 * 8 + i % 8
+    cols = (tile0 + q // 16) * 32 + c2 * 16 + q % 16
+    vcols = (tile0 + v // 8) * 16 + c2 * 8 + v % 8
+    return rows, cols, vcols, 4 * r3 + 8 * c2
+
+
+@triton.jit
+def _word_slots(band, tile0, K, TILES: tl.constexpr):
+    """int16 word offsets [32, 4 TILES] of a program's metadata, and which of them exist."""
+    i = tl.arange(0, 32)
+    g = tl.arange(0, TILES * 4)  # tile t = g // 4, group c_low = g % 4
+    tiles_k = K // 32
+    tile = band * tiles_k + tile0 + g // 4
+    slots = tile[None, :].to(tl.int64) * 128 + i[:, None] * 4 + (g % 4)[None, :]
+    return slots, ((tile0 + g // 4) < tiles_k)[None, :]
+
+
+@triton.jit
+def _split4(x, TILES: tl.constexpr):
+    """[32, TILES * 16] -> the 4 positions of its groups, 4 x [32, TILES * 4]."""
+    x02, x13 = tl.split(tl.reshape(x, (32, TILES * 4, 2, 2)))  # index 2a + b of [.., a, b]
+    x0, x2 = tl.split(x02)
+    x1, x3 = tl.split(x13)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _pick2(x0, x1, x2, x3, code, TILES: tl.constexpr):
+    """The values at the code's positions i0 = code & 3 < i1 = code >> 2, as [32, TILES * 8]."""
+    i0 = code & 3
+    i1 = code >> 2
+    v0 = tl.where(i0 == 0, x0, tl.where(i0 == 1, x1, x2))
+    v1 = tl.where(i1 == 1, x1, tl.where(i1 == 2, x2, x3))
+    return tl.reshape(tl.join(v0, v1), (32, TILES * 8))
+
+
+@triton.jit
+def _nonzero_set(x0, x1, x2, x3):
+    """Bit p set where position p of the group is nonzero (-0.0 counts as zero)."""
+    return (
+        (x0 != 0).to(tl.int32) | (x1 != 0).to(tl.int32) << 1 | (x2 != 0).to(tl.int32) << 2 | (x3 != 0).to(tl.int32) << 3
+    )
+
+
+@triton.jit
+def _to_words16(words):
+    return tl.where(words >= 32768, words - 65536, words).to(tl.int16)
+
+
+@triton.jit
 def _cslt_kernel(a_ptr, out_ptr, meta_ptr, kept_ptr, K, TILES: tl.constexpr):
     """One program: rows [64 b, 64 b + 64) x TILES tiles of 32 columns; 4 passes (r3, c2) of
     [32 rows, TILES * 16 columns], whose 4-bit codes land in the same [32, 4 * TILES] int16 words."""
     band = tl.program_id(0)
     tile0 = tl.program_id(1) * TILES
-    i = tl.arange(0, 32)  # r5 r4 r2 r1 r0 of the row within the band
-    q = tl.arange(0, TILES * 16)  # tile t = q // 16, column j = q % 16 inside the (r3, c2) half
-    g = tl.arange(0, TILES * 4)  # tile t = g // 4, group c_low = g % 4
-    v = tl.arange(0, TILES * 8)  # tile t = v // 8, kept value v % 8 of the half
-    tiles_k = K // 32
     words = tl.zeros((32, TILES * 4), dtype=tl.int32)
     for half in tl.static_range(4):
-        r3 = half % 2
-        c2 = half // 2
-        rows = band * 64 + (i // 8) * 16 + r3 * 8 + i % 8
-        cols = (tile0 + q // 16) * 32 + c2 * 16 + q % 16
-        ok = (cols < K)[None, :]
-        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=ok, other=0.0)
-        x02, x13 = tl.split(tl.reshape(x, (32, TILES * 4, 2, 2)))
-        x0, x2 = tl.split(x02)
-        x1, x3 = tl.split(x13)
-        nz = (x0 != 0).to(tl.int32) | (x1 != 0).to(tl.int32) << 1 | (x2 != 0).to(tl.int32) << 2
-        nz = nz | (x3 != 0).to(tl.int32) << 3
-        code = tl.load(kept_ptr + nz)  # i0 | i1 << 2
-        i0 = code & 3
-        i1 = code >> 2
-        v0 = tl.where(i0 == 0, x0, tl.where(i0 == 1, x1, x2))
-        v1 = tl.where(i1 == 1, x1, tl.where(i1 == 2, x2, x3))
-        vals = tl.reshape(tl.join(v0, v1), (32, TILES * 8))
-        vcols = (tile0 + v // 8) * 16 + c2 * 8 + v % 8
+        rows, cols, vcols, shift = _half_tile(band, tile0, half, TILES)
+        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
+        x0, x1, x2, x3 = _split4(x, TILES)
+        code = tl.load(kept_ptr + _nonzero_set(x0, x1, x2, x3))  # i0 | i1 << 2
+        vals = _pick2(x0, x1, x2, x3, code, TILES)
         vok = (vcols < K // 2)[None, :]
         tl.store(out_ptr + rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :], vals, mask=vok)
-        words = words | code << (4 * r3 + 8 * c2)
-    tile = band * tiles_k + tile0 + g // 4
-    slot_words = tile[None, :].to(tl.int64) * 128 + i[:, None] * 4 + (g % 4)[None, :]
-    wok = ((tile0 + g // 4) < tiles_k)[None, :]
-    words16 = tl.where(words >= 32768, words - 65536, words).to(tl.int16)
-    tl.store(meta_ptr + slot_words, words16, mask=wok)
+        words = words | code << shift
+    slots, wok = _word_slots(band, tile0, K, TILES)
+    tl.store(meta_ptr + slots, _to_words16(words), mask=wok)
 
 
 _KEPT_CODES: dict[torch.device, torch.Tensor] = {}

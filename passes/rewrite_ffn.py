@@ -31,11 +31,11 @@ def _add(graph: torch.fx.Graph, target, args: tuple, like: Node, fake_mode) -> N
 
 
 def rewrite_site(
-    match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node], gather: bool, spec_suffix: str = ""
+    match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node], op_name: str, spec_suffix: str = ""
 ) -> Node:
     """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites).
 
-    ``gather``: call the compact V:N:M op instead of the reference op; ``spec_suffix``: the per-site
+    ``op_name``: the sparse_compile op to call (dispatch.KernelPlan.op); ``spec_suffix``: the per-site
     kernel choices appended to the op's spec (dispatch.KernelPlan.spec_suffix).
     """
     graph = match.second.graph
@@ -61,8 +61,7 @@ def rewrite_site(
                 w = sparse_weights[w]
             weights.append(cast(w))
         args = (cast(match.x), weights[0], cast(match.b1), weights[1], cast(match.b2), config.op_spec() + spec_suffix)
-        ops = torch.ops.sparse_compile
-        op = ops.sqrelu_ffn_vnm.default if gather else ops.sqrelu_ffn.default
+        op = getattr(torch.ops.sparse_compile, op_name).default
         ffn = _add(graph, op, args, match.second, fake_mode)
         out = _add(graph, operator.getitem, (ffn, 0), match.second, fake_mode)
     match.second.replace_all_uses_with(out)

@@ -4,6 +4,8 @@
   "reference (cuda)"   the same on CUDA: masked dense cuBLAS GEMMs, no faster than dense
   "triton gather"      V:N:M activations on the compact operand (kernels/ffn_gather.py):
                        F2, B1, B3 on K reduced by M/4, exact B2/B4 on cuBLAS
+  "cusparselt 2:4"     2:4 activations (kernels/ffn_act24.py): F2 and B3 on cuSPARSELt with the
+                       activation as the sparse operand, compressed in the squared ReLU's pass
 The gather path needs V:N:M activations with V a multiple of 16, T a known multiple of V,
 bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. Anything else
 runs the reference kernels, and the report says why. kernels="triton" forces the gather path
@@ -12,6 +14,10 @@ With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured f
 on this GPU at the site's shape (sparse_compile/f1_choice.py); the plan carries the algorithm id.
 Under kernels="auto" each of F2, B1, B3 runs on its gather kernel or on cuBLAS over the dense
 operand, whichever measured faster at the site's shape (sparse_compile/gather_choice.py).
+The cuSPARSELt 2:4 path needs activations "2:4", an sm90 GPU (the compressor's layout), bf16/fp16,
+T known to be a multiple of 64, d and h multiples of 64, a cuSPARSELt algorithm that gives the right
+answer, and (kernels="auto") cuSPARSELt measured faster than cuBLAS at the site's shape
+(sparse_compile/act24_choice.py).
 2:4 weight masks on CUDA always come from the Triton kernel (kernels/weight_mask_triton.py), which
 gives the reference's answer, so it is not a choice here.
 """
@@ -25,7 +31,9 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from sparse_compile.config import SparsityConfig
 
 DEVICES = ("cpu", "cuda")
+NO_HINT = "no example token count to measure at"
 GATHER = "triton gather"
+CSLT24 = "cusparselt 2:4"
 
 
 @dataclass(frozen=True)
@@ -37,12 +45,19 @@ class KernelPlan:
     f1_why: str = ""  # the F1 measurement, for the report
     dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS (measured faster)
     gemm_why: str = ""  # the F2/B1/B3 measurement, for the report
+    act24_alg: int | None = None  # 2:4 activations: cuSPARSELt algorithm of F2 and B3
+
+    @property
+    def op(self) -> str:
+        """The sparse_compile op the site is rewritten into."""
+        return "sqrelu_ffn_vnm" if self.gather else "sqrelu_ffn_24" if self.kernel == CSLT24 else "sqrelu_ffn"
 
     @property
     def spec_suffix(self) -> str:
         """What the op's spec string adds for this plan."""
         f1 = "" if self.f1_alg is None else f";f1_alg={self.f1_alg}"
-        return f1 + (f";dense_gemms={'+'.join(sorted(self.dense_gemms))}" if self.dense_gemms else "")
+        act24 = "" if self.act24_alg is None else f";act24_alg={self.act24_alg}"
+        return f1 + act24 + (f";dense_gemms={'+'.join(sorted(self.dense_gemms))}" if self.dense_gemms else "")
 
 
 def _reference(device_type: str, why: str = "") -> KernelPlan:
@@ -63,9 +78,10 @@ def plan_kernels(
     if config.kernels == "auto" and device.type == "cpu":
         return _reference("cpu")
     pattern = config.activation_pattern
-    if pattern is None or pattern[0] == 1:
-        what = "2:4 weights alone" if pattern is None else "2:4 activations (V=1)"
-        return _reference(device.type, f"{what}: no fast kernel yet, masked dense GEMMs")
+    if pattern is None:
+        return _reference(device.type, "2:4 weights alone: no fast kernel yet, masked dense GEMMs")
+    if pattern == (1, 2, 4):
+        return _plan_24(device, dtype, tokens, config, d, h)
     v = pattern[0]
     if v % 16:
         return _reference(device.type, f"V={v}: the gather kernels need V a multiple of 16")
@@ -77,23 +93,55 @@ def plan_kernels(
         return _reference(device.type, "GPU older than sm80")
     if device.type != "cuda" or not (d and h):
         return KernelPlan(GATHER, True)
-    t = tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
-    no_hint = "no example token count to measure at"
-    f1_alg, f1_why = None, ""
-    if config.weights == "2:4":
-        from sparse_compile import f1_choice
-
-        f1_why = f1_choice.applies(device, dtype, d, h) or (f"F1 cuBLAS: {no_hint}" if t is None else "")
-        if not f1_why:
-            choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
-            f1_alg, f1_why = choice.alg, choice.why
+    t = _hint(tokens)
+    f1_alg, f1_why = _f1(device, dtype, t, config, d, h)
     dense, gemm_why = frozenset(), ""
     if config.kernels == "auto":
         from sparse_compile import gather_choice
 
         if t is None:
-            gemm_why = f"F2, B1, B3 gather kernels: {no_hint}"
+            gemm_why = f"F2, B1, B3 gather kernels: {NO_HINT}"
         else:
             picked = gather_choice.choose_gathers(device.index or 0, dtype, t, d, h, *pattern)
             dense, gemm_why = picked.dense, picked.why
     return KernelPlan(GATHER, True, f1_alg=f1_alg, f1_why=f1_why, dense_gemms=dense, gemm_why=gemm_why)
+
+
+def _hint(tokens) -> int | None:
+    return tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
+
+
+def _f1(device: torch.device, dtype: torch.dtype, t: int | None, config: SparsityConfig, d: int, h: int):
+    """(cuSPARSELt algorithm of F1 or None, why) for 2:4 weights on CUDA."""
+    if config.weights != "2:4":
+        return None, ""
+    from sparse_compile import f1_choice
+
+    why = f1_choice.applies(device, dtype, d, h) or (f"F1 cuBLAS: {NO_HINT}" if t is None else "")
+    if why:
+        return None, why
+    choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
+    return choice.alg, choice.why
+
+
+def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int, h: int) -> KernelPlan:
+    """2:4 activations: F2, B3 on cuSPARSELt where it applies and measures faster, else the reference."""
+    if device.type != "cuda":
+        return _reference(device.type, "2:4 activations: cuSPARSELt needs a CUDA GPU; masked dense GEMMs")
+    if not (d and h):
+        return _reference(device.type, "2:4 activations: shapes unknown; masked dense GEMMs")
+    from sparse_compile import act24_choice
+
+    why = act24_choice.applies(device, dtype, d, h)
+    if not why and not statically_known_true(tokens % 64 == 0):
+        why = f"2:4 activations: T={tokens} is not known to be a multiple of 64 (cuSPARSELt's tile)"
+    t = _hint(tokens)
+    if not why and t is None:
+        why = f"2:4 activations: {NO_HINT}"
+    if why:
+        return _reference(device.type, why + "; masked dense GEMMs")
+    choice = act24_choice.choose_act24(device.index or 0, dtype, t, d, h)
+    if choice.alg is None or (config.kernels == "auto" and not choice.pays):
+        return _reference(device.type, choice.why + ": masked dense GEMMs")
+    f1_alg, f1_why = _f1(device, dtype, t, config, d, h)
+    return KernelPlan(CSLT24, False, f1_alg=f1_alg, f1_why=f1_why, gemm_why=choice.why, act24_alg=choice.alg)

@@ -86,6 +86,23 @@ def test_op_spec_rejects_unknown_dense_gemm():
         parse_spec("weights=none;activations=16:2:8;kernels=auto;dense_gemms=B2")
 
 
+def test_act24_plan_spec_round_trip():
+    from sparse_compile.dispatch import CSLT24, KernelPlan
+    from sparse_compile.op import parse_spec
+
+    plan = KernelPlan(CSLT24, False, f1_alg=2, act24_alg=5)
+    assert plan.op == "sqrelu_ffn_24"
+    spec = parse_spec(SparsityConfig(weights="2:4", activations="2:4").op_spec() + plan.spec_suffix)
+    assert (spec.activations, spec.f1_alg, spec.act24_alg) == ((1, 2, 4), 2, 5)
+
+
+def test_act24_op_rejects_a_spec_without_its_algorithm():
+    x, w1, w2 = torch.randn(64, 64), torch.randn(128, 64), torch.randn(64, 128)
+    spec = SparsityConfig(activations="2:4").op_spec()
+    with pytest.raises(ValueError, match="needs activations=2:4, act24_alg"):
+        torch.ops.sparse_compile.sqrelu_ffn_24(x, w1, None, w2, None, spec)
+
+
 def test_vnm_op_registration():
     """Fake shapes, autograd and schema agree with the real op (torch.library.opcheck)."""
     x, w1, b1, w2, b2 = _inputs((32,), d=16, h=64, d_out=16)
@@ -157,6 +174,7 @@ def test_plan_on_cpu(config, dtype, tokens, kernel, why, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernels="triton" on CPU tensors needs the interpreter
     plan = plan_kernels(torch.device("cpu"), dtype, tokens, config)
     assert plan.kernel == kernel and plan.gather == (kernel == GATHER) and why in plan.why
+    assert plan.op == ("sqrelu_ffn_vnm" if kernel == GATHER else "sqrelu_ffn")
 
 
 def test_triton_on_cpu_needs_interpreter(monkeypatch):

@@ -25,6 +25,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from sparse_compile.kernels import act24_cslt_triton as act24_cslt  # noqa: E402
 from sparse_compile.kernels import activation_24_triton as act24  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
@@ -65,6 +66,15 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
                 ce,
             )
         )
+        ce = {"TILES": 8}
+        types = {n: f"*{dt}" for n in ("z_ptr", "h_ptr", "r_ptr")} | {"hmeta_ptr": "*i16", "rmeta_ptr": "*i16"}
+        types |= {"kept_ptr": "*i32"}
+        names = "z_ptr h_ptr r_ptr hmeta_ptr rmeta_ptr kept_ptr K TILES"
+        cases.append((f"cuSPARSELt 2:4 sqrelu fwd {dt}", act24_cslt._fwd_kernel, _sig(names, ce, types), ce))
+        types = {n: f"*{dt}" for n in ("dh_ptr", "r_ptr", "dzb_ptr", "dz_ptr", "h_ptr")}
+        types |= {"rmeta_ptr": "*i16", "dzmeta_ptr": "*i16"}
+        names = "dh_ptr r_ptr rmeta_ptr dzb_ptr dzmeta_ptr dz_ptr h_ptr K TILES"
+        cases.append((f"cuSPARSELt 2:4 sqrelu bwd {dt}", act24_cslt._bwd_kernel, _sig(names, ce, types), ce))
     ce = {"M": 16, "M_P": 16, "ROWS": 16, "BLOCK_G": 16, "SQUARE": True}
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}

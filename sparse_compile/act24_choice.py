@@ -1,0 +1,84 @@
+"""F2 and B3 with 2:4 activations: cuSPARSELt on the compressed activation, or not at all, measured.
+
+With 2:4 activations the two GEMMs that reduce over h can take the activation as cuSPARSELt's sparse
+operand: F2 = H~ W2^T and B3 = dZ~ W1, both [T, h] 2:4 along h times a dense [h, d]
+(kernels/ffn_act24.py). Measured in DESIGN.md section 5 on an H100: 0.96-1.07x of cuBLAS at
+(T, d, h) = (16384, 2048, 8192), 1.26x at (16384, 4096, 16384), 0.57x at (32768, 1024, 4096). So at
+compile time, once per (GPU, dtype, T, d, h) in a process, every algorithm id cuSPARSELt offers is
+run on a real 2:4 activation of the site's shape (kernels/act24_cslt_triton.py), checked against the
+dense product (some ids are wrong), and the fastest timed against cuBLAS on the dense masked
+operand. Slower than cuBLAS: under kernels="auto" the site runs the reference kernels (masked dense
+GEMMs), and the report says by how much.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from sparse_compile.f1_choice import MAX_ALGS
+from sparse_compile.measure import back_to_back_ms
+
+
+@dataclass(frozen=True)
+class Act24Choice:
+    alg: int | None  # the fastest correct cuSPARSELt algorithm id, None if none is correct
+    pays: bool  # faster than cuBLAS on the dense masked operand
+    why: str
+
+
+def applies(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
+    """Why 2:4 activations cannot run on cuSPARSELt on this CUDA ``device`` ("" when they can)."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return "2:4 activations: the fused cuSPARSELt compressor writes the sm90 layout only"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"2:4 activations: cuSPARSELt takes bf16/fp16, not {str(dtype).removeprefix('torch.')}"
+    if d % 64 or h % 64:
+        return f"2:4 activations: d={d}, h={h} not multiples of 64 (cuSPARSELt pads them)"
+    return ""
+
+
+@functools.cache
+def choose_act24(device_index: int, dtype: torch.dtype, tokens: int, d: int, h: int) -> Act24Choice:
+    """Measure cuBLAS and every cuSPARSELt algorithm on [T, h] 2:4 x [h, d]; the fastest correct
+    one (real tensors, also when called while a compile traces with fake ones)."""
+    with unset_fake_temporarily(), torch.no_grad(), torch.autocast("cuda", enabled=False):
+        return _measure(torch.device("cuda", device_index), dtype, tokens, d, h)
+
+
+def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: int) -> Act24Choice:
+    from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_compress
+    from sparse_compile.kernels.activation_24_triton import activation_24
+
+    g = torch.Generator(device).manual_seed(0)
+    z = torch.randn(tokens, h, device=device, generator=g).to(dtype)
+    w = (torch.randn(h, d, device=device, generator=g) * h**-0.5).to(dtype)
+    h_buf, _ = sqrelu_24_compress(z)
+    masked = activation_24(z, masked=True)[2]  # the same H~, dense
+    del z
+    check = min(tokens, 1024)  # rows compared against the float32 product
+    want = masked[:check].float() @ w.float()
+    best: tuple[float, int] | None = None
+    for alg in range(MAX_ALGS):
+        try:
+            got = torch._cslt_sparse_mm(h_buf, w, alg_id=alg)
+        except RuntimeError:
+            break
+        if got.shape != (tokens, d) or not torch.allclose(
+            got[:check].float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()
+        ):
+            continue
+        ms = back_to_back_ms(lambda a=alg: torch._cslt_sparse_mm(h_buf, w, alg_id=a))
+        if best is None or ms < best[0]:
+            best = (ms, alg)
+    if best is None:
+        return Act24Choice(None, False, "2:4 activations: no cuSPARSELt algorithm gave the right answer")
+    alg = best[1]
+    # two interleaved rounds, best of each (as gather_choice.py)
+    rounds = [
+        (back_to_back_ms(lambda: masked @ w), back_to_back_ms(lambda: torch._cslt_sparse_mm(h_buf, w, alg_id=alg)))
+        for _ in range(2)
+    ]
+    ratio = min(c for c, _ in rounds) / min(s for _, s in rounds)
+    return Act24Choice(alg, ratio >= 1, f"F2, B3 on cuSPARSELt alg {alg}: {ratio:.2f}x cuBLAS measured at this shape")
