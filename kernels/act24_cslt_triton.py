@@ -34,6 +34,7 @@ from sparse_compile.kernels.cslt_compress_triton import (
 )
 
 TILES = 8  # tiles of 32 columns per program: [32, 128] loads per pass, as the compressor
+NUM_WARPS = 4
 
 
 def sqrelu_24_compress_ref(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +147,8 @@ def _bwd_kernel(dh_ptr, r_ptr, rmeta_ptr, dzb_ptr, dzmeta_ptr, dz_ptr, h_ptr, K,
         tl.store(h_ptr + off, tl.reshape(tl.join(h_even, h_odd), (32, TILES * 16)).to(dtype), mask=ok)
 
 
-def _grid(m: int, k: int) -> tuple[int, int]:
-    return m // 64, triton.cdiv(k // 32, TILES)
+def _grid(m: int, k: int, tiles: int) -> tuple[int, int]:
+    return m // 64, triton.cdiv(k // 32, tiles)
 
 
 def _buffer(m: int, k: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,16 +157,22 @@ def _buffer(m: int, k: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return buf, buf.view(-1).view(torch.int16)[m * k // 2 :]
 
 
-def sqrelu_24_compress(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sqrelu_24_compress(
+    z: torch.Tensor, tiles: int = TILES, num_warps: int = NUM_WARPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``sqrelu_24_compress_ref``: (h_buf, r_buf), one pass over Z."""
     m, k = _check(z)
     h_buf, h_meta = _buffer(m, k, z)
     r_buf, r_meta = _buffer(m, k, z)
-    _fwd_kernel[_grid(m, k)](z, h_buf, r_buf, h_meta, r_meta, _kept_codes(z.device), k, TILES=TILES, num_warps=4)
+    _fwd_kernel[_grid(m, k, tiles)](
+        z, h_buf, r_buf, h_meta, r_meta, _kept_codes(z.device), k, TILES=tiles, num_warps=num_warps
+    )
     return h_buf, r_buf
 
 
-def sqrelu_24_backward(dh: torch.Tensor, r_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sqrelu_24_backward(
+    dh: torch.Tensor, r_buf: torch.Tensor, tiles: int = TILES, num_warps: int = NUM_WARPS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``sqrelu_24_backward_ref``: (dz_buf, dz, h), one pass over dH."""
     m, k = _check(dh)
     if r_buf.shape != (m, k // 2 + k // 16) or r_buf.dtype != dh.dtype or not r_buf.is_contiguous():
@@ -176,5 +183,5 @@ def sqrelu_24_backward(dh: torch.Tensor, r_buf: torch.Tensor) -> tuple[torch.Ten
     dz_buf, dz_meta = _buffer(m, k, dh)
     dz, h = torch.empty_like(dh), torch.empty_like(dh)
     r_meta = r_buf.view(-1).view(torch.int16)[m * k // 2 :]
-    _bwd_kernel[_grid(m, k)](dh, r_buf, r_meta, dz_buf, dz_meta, dz, h, k, TILES=TILES, num_warps=4)
+    _bwd_kernel[_grid(m, k, tiles)](dh, r_buf, r_meta, dz_buf, dz_meta, dz, h, k, TILES=tiles, num_warps=num_warps)
     return dz_buf, dz, h
