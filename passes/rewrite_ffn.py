@@ -1,9 +1,10 @@
-"""Rewrite a matched FFN site into sparse_compile::sqrelu_ffn or ::sqrelu_ffn_vnm (the compact V:N:M
-kernels, when dispatch.py says so), plus sparsify_weight for 2:4 weights.
+"""Rewrite a matched FFN site into sparse_compile::sqrelu_ffn, ::sqrelu_ffn_vnm (the compact V:N:M
+kernels) or ::sqrelu_ffn_24 (2:4 activations on cuSPARSELt), or, for 2:4 weights alone, its two
+linears into ::linear_24 (relu and square stay), as dispatch.py says; plus sparsify_weight for 2:4 weights.
 
 Graph surgery only: new nodes go right before the second linear, carry ``example_value``
 (computed with the graph's fake mode), ``stack_trace`` and ``nn_module_stack`` of the
-nodes they replace; the four replaced nodes are erased.
+nodes they replace; the replaced nodes are erased.
 """
 
 import operator
@@ -31,12 +32,19 @@ def _add(graph: torch.fx.Graph, target, args: tuple, like: Node, fake_mode) -> N
 
 
 def rewrite_site(
-    match: FFNMatch, config: SparsityConfig, sparse_weights: dict[Node, Node], op_name: str, spec_suffix: str = ""
+    match: FFNMatch,
+    config: SparsityConfig,
+    sparse_weights: dict[Node, Node],
+    op_name: str,
+    spec_suffix: str = "",
+    algs: tuple[int, int] = (-1, -1),
 ) -> Node:
     """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites).
 
     ``op_name``: the sparse_compile op to call (dispatch.KernelPlan.op); ``spec_suffix``: the per-site
-    kernel choices appended to the op's spec (dispatch.KernelPlan.spec_suffix).
+    kernel choices appended to the op's spec (dispatch.KernelPlan.spec_suffix). For "linear_24" the
+    two linears become linear_24 calls and relu, square stay: ``algs`` = the cuSPARSELt algorithms
+    of the [T, d] -> [T, h] and [T, h] -> [T, d] GEMMs (-1: cuBLAS).
     """
     graph = match.second.graph
     # The example values' own fake mode: at backend time TracingContext holds another one.
@@ -49,18 +57,21 @@ def rewrite_site(
             return node
         return _add(graph, torch.Tensor.to, (node, dtype), match.first, fake_mode)
 
+    def weight(w: Node) -> Node:
+        if config.weights is not None:
+            if w not in sparse_weights:  # the mask comes from the master weight, before any cast
+                op = torch.ops.sparse_compile.sparsify_weight.default
+                sparse_weights[w] = _add(
+                    graph, op, (w, config.weights, float(config.masked_decay)), match.first, fake_mode
+                )
+            w = sparse_weights[w]
+        return cast(w)
+
+    if op_name == "linear_24":
+        return _rewrite_linears(match, weight, cast, algs, fake_mode)
     with graph.inserting_before(match.second):
-        weights = []
-        for w in (match.w1, match.w2):
-            if config.weights is not None:
-                if w not in sparse_weights:  # the mask comes from the master weight, before any cast
-                    op = torch.ops.sparse_compile.sparsify_weight.default
-                    sparse_weights[w] = _add(
-                        graph, op, (w, config.weights, float(config.masked_decay)), match.first, fake_mode
-                    )
-                w = sparse_weights[w]
-            weights.append(cast(w))
-        args = (cast(match.x), weights[0], cast(match.b1), weights[1], cast(match.b2), config.op_spec() + spec_suffix)
+        w1, w2 = weight(match.w1), weight(match.w2)
+        args = (cast(match.x), w1, cast(match.b1), w2, cast(match.b2), config.op_spec() + spec_suffix)
         op = getattr(torch.ops.sparse_compile, op_name).default
         ffn = _add(graph, op, args, match.second, fake_mode)
         out = _add(graph, operator.getitem, (ffn, 0), match.second, fake_mode)
@@ -68,3 +79,22 @@ def rewrite_site(
     for node in (match.second, match.square, match.relu, match.first):
         graph.erase_node(node)
     return out
+
+
+def _rewrite_linears(match: FFNMatch, weight, cast, algs: tuple[int, int], fake_mode) -> Node:
+    """first(x, w1, b1) -> linear_24(x, w~1, b1, a_dh, a_hd); second(h, w2, b2) -> linear_24(h, w~2, b2,
+    a_hd, a_dh): a linear's backward dX GEMM has the other linear's shape."""
+    graph = match.second.graph
+    op = torch.ops.sparse_compile.linear_24.default
+    a_dh, a_hd = algs
+    new = []
+    for lin, x, w, b, fwd_bwd in (
+        (match.first, match.x, match.w1, match.b1, (a_dh, a_hd)),
+        (match.second, match.square, match.w2, match.b2, (a_hd, a_dh)),
+    ):
+        with graph.inserting_before(lin):
+            out = _add(graph, op, (cast(x), weight(w), cast(b), *fwd_bwd), lin, fake_mode)
+        lin.replace_all_uses_with(out)
+        graph.erase_node(lin)
+        new.append(out)
+    return new[1]

@@ -18,7 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from sparse_compile.f1_choice import MAX_ALGS
-from sparse_compile.measure import back_to_back_ms
+from sparse_compile.measure import back_to_back_ms, max_rel_err
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,14 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     h_buf, _ = sqrelu_24_compress(z)
     masked = activation_24(z, masked=True)[2]  # the same H~, dense
     del z
-    check = min(tokens, 1024)  # rows compared against the float32 product
-    want = masked[:check].float() @ w.float()
+    want = masked @ w  # cuBLAS, every row: an algorithm may go wrong in some row blocks only
     best: tuple[float, int] | None = None
     for alg in range(MAX_ALGS):
         try:
             got = torch._cslt_sparse_mm(h_buf, w, alg_id=alg)
         except RuntimeError:
             break
-        if got.shape != (tokens, d) or not torch.allclose(
-            got[:check].float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()
-        ):
+        if got.shape != (tokens, d) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
             continue
         ms = back_to_back_ms(lambda a=alg: torch._cslt_sparse_mm(h_buf, w, alg_id=a))
         if best is None or ms < best[0]:

@@ -4,6 +4,9 @@
   "reference (cuda)"   the same on CUDA: masked dense cuBLAS GEMMs, no faster than dense
   "triton gather"      V:N:M activations on the compact operand (kernels/ffn_gather.py):
                        F2, B1, B3 on K reduced by M/4, exact B2/B4 on cuBLAS
+  "2:4 weight linears" 2:4 weights alone: the FFN's two linears become sparse_compile::linear_24
+                       (F1, F2 and their dX GEMMs B3, B1 on cuSPARSELt where it measured faster,
+                       with W~ or W~^T as the sparse operand), relu and square stay in the graph
   "cusparselt 2:4"     2:4 activations (kernels/ffn_act24.py): F2 and B3 on cuSPARSELt with the
                        activation as the sparse operand, compressed in the squared ReLU's pass
 The gather path needs V:N:M activations with V a multiple of 16, T a known multiple of V,
@@ -34,6 +37,7 @@ DEVICES = ("cpu", "cuda")
 NO_HINT = "no example token count to measure at"
 GATHER = "triton gather"
 CSLT24 = "cusparselt 2:4"
+W24 = "2:4 weight linears"
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,17 @@ class KernelPlan:
     dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS (measured faster)
     gemm_why: str = ""  # the F2/B1/B3 measurement, for the report
     act24_alg: int | None = None  # 2:4 activations: cuSPARSELt algorithm of F2 and B3
+    f2_alg: int | None = None  # 2:4 weights alone: cuSPARSELt algorithm of F2 and B3 (F1, B1: f1_alg)
 
     @property
     def op(self) -> str:
         """The sparse_compile op the site is rewritten into."""
-        return "sqrelu_ffn_vnm" if self.gather else "sqrelu_ffn_24" if self.kernel == CSLT24 else "sqrelu_ffn"
+        return {GATHER: "sqrelu_ffn_vnm", CSLT24: "sqrelu_ffn_24", W24: "linear_24"}.get(self.kernel, "sqrelu_ffn")
+
+    @property
+    def linear_algs(self) -> tuple[int, int]:
+        """linear_24's algorithms of the [T, d] -> [T, h] and [T, h] -> [T, d] GEMMs (-1: cuBLAS)."""
+        return tuple(-1 if a is None else a for a in (self.f1_alg, self.f2_alg))
 
     @property
     def spec_suffix(self) -> str:
@@ -79,7 +89,7 @@ def plan_kernels(
         return _reference("cpu")
     pattern = config.activation_pattern
     if pattern is None:
-        return _reference(device.type, "2:4 weights alone: no fast kernel yet, masked dense GEMMs")
+        return _plan_w24(device, dtype, tokens, config, d, h)
     if pattern == (1, 2, 4):
         return _plan_24(device, dtype, tokens, config, d, h)
     v = pattern[0]
@@ -145,3 +155,24 @@ def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityC
         return _reference(device.type, choice.why + ": masked dense GEMMs")
     f1_alg, f1_why = _f1(device, dtype, t, config, d, h)
     return KernelPlan(CSLT24, False, f1_alg=f1_alg, f1_why=f1_why, gemm_why=choice.why, act24_alg=choice.alg)
+
+
+def _plan_w24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int, h: int) -> KernelPlan:
+    """2:4 weights alone: the two linears on cuSPARSELt or cuBLAS, each GEMM shape measured."""
+    if config.weight_grad_pattern is not None:
+        return _reference(device.type, "2:4 weights alone with the token-dim dW approximation: the reference op")
+    if device.type != "cuda":  # kernels="triton" on CPU: the rewrite, every GEMM on F.linear (for tests)
+        return KernelPlan(W24, False, f1_why="F1, B1, F2, B3 cuBLAS: cuSPARSELt needs a CUDA GPU")
+    if not (d and h):
+        return _reference(device.type, "2:4 weights alone: shapes unknown; masked dense GEMMs")
+    t = _hint(tokens)
+    f1_alg, f1_why = _f1(device, dtype, t, config, d, h)  # [T, d] -> [T, h]: F1, and B1 = dY W~2
+    f2_alg, f2_why = _f1(device, dtype, t, config, h, d)  # [T, h] -> [T, d]: F2, and B3 = dZ W~1
+    return KernelPlan(
+        W24,
+        False,
+        f1_alg=f1_alg,
+        f1_why=f1_why.replace("F1", "F1, B1", 1),
+        gemm_why=f2_why.replace("F1", "F2, B3", 1),
+        f2_alg=f2_alg,
+    )

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.measure import back_to_back_ms
+from sparse_compile.measure import back_to_back_ms, max_rel_err
 
 MAX_ALGS = 32  # cuSPARSELt 0.8 offers ids 0..17 at the shapes measured; stop at the first refused
 
@@ -57,8 +57,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     w = random_24(h, d, g, dtype)
     x = torch.randn(tokens, d, device=device, generator=g).to(dtype)
     b = torch.randn(h, device=device, generator=g).to(dtype)
-    check = min(tokens, 1024)  # rows compared against the float32 product (a [T, h] fp32 copy is large)
-    want = F.linear(x[:check].float(), w.float(), b.float())
+    want = F.linear(x, w, b)  # cuBLAS, every row: an algorithm may go wrong in some row blocks only
     dense_ms = back_to_back_ms(lambda: F.linear(x, w, b))
     best: tuple[float, int] | None = None
     wc = cslt_compress(w)
@@ -67,9 +66,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
             got = torch._cslt_sparse_mm(wc, x.t(), bias=b, transpose_result=True, alg_id=alg)
         except RuntimeError:
             break
-        if got.shape != (tokens, h) or not torch.allclose(
-            got[:check].float(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item()
-        ):
+        if got.shape != (tokens, h) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
             continue
         ms = back_to_back_ms(
             lambda a=alg: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=a)

@@ -15,6 +15,11 @@ sparse_compile::sqrelu_ffn_24(x, w1, b1, w2, b2, spec) -> (y, r_buf)
     The same function for 2:4 activations with F2 and B3 on cuSPARSELt (kernels/ffn_act24.py);
     backward keeps r_buf, the sm90 cuSPARSELt buffer of R~ [T, h/2 + h/16].
 sparse_compile::sqrelu_ffn_24_backward(dy, x, w1, w2, r_buf, spec) -> (dx, dw1, db1, dw2, db2)
+sparse_compile::linear_24(x, w~, b, alg, bwd_alg) -> y
+    y = x w~^T + b for a 2:4 (transposable) weight: cuSPARSELt with algorithm ``alg`` (-1: cuBLAS).
+    Backward: dx = linear_24(dy, w~^T, None, bwd_alg) (w~^T is 2:4 along its rows too), dw = dy^T x,
+    db = sum dy. With 2:4 weights alone the rewrite swaps the FFN's two linears for it and leaves
+    relu and square to Inductor.
 """
 
 import functools
@@ -23,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from sparse_compile.config import parse_activation_pattern, parse_weight_grad
 from sparse_compile.dispatch import DEVICES
@@ -348,3 +354,41 @@ def _(dy, x, w1, w2, r_buf, spec):
 sqrelu_ffn_24.register_autograd(
     _ffn_autograd(torch.ops.sparse_compile.sqrelu_ffn_24_backward), setup_context=_ffn_setup
 )
+
+
+# --- a linear with a 2:4 weight on cuSPARSELt (2:4 weights alone) --------------------------------
+
+
+@torch.library.custom_op("sparse_compile::linear_24", mutates_args=())
+def linear_24(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, alg: int, bwd_alg: int) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if alg < 0:
+        y = F.linear(x2, w, b)
+    else:
+        from sparse_compile.f1_choice import sparse_f1
+
+        y = sparse_f1(x2.contiguous(), w, b, alg)
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+@linear_24.register_fake
+def _(x, w, b, alg, bwd_alg):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _linear_24_setup(ctx, inputs, output) -> None:
+    x, w, b, _, bwd_alg = inputs
+    ctx.save_for_backward(x, w)
+    ctx.bwd_alg = bwd_alg
+    ctx.has_bias = b is not None
+
+
+def _linear_24_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx = torch.ops.sparse_compile.linear_24(dy, w.t(), None, ctx.bwd_alg, -1)
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    dw = dy2.t() @ x.reshape(-1, x.shape[-1])
+    return dx, dw, dy2.sum(0) if ctx.has_bias else None, None, None
+
+
+linear_24.register_autograd(_linear_24_backward, setup_context=_linear_24_setup)

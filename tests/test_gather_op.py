@@ -8,7 +8,7 @@ import torch
 
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
-from sparse_compile.dispatch import GATHER, plan_kernels
+from sparse_compile.dispatch import GATHER, W24, plan_kernels
 
 from .oracle import oracle_ffn
 from .test_backend import Stack, grads, oracle_forward
@@ -164,7 +164,14 @@ def test_dynamic_batch_keeps_gather():
         (SparsityConfig(activations="64:2:8"), torch.bfloat16, 128, "reference", ""),
         (SparsityConfig(activations="64:2:8", kernels="reference"), torch.bfloat16, 128, "reference", ""),
         (SparsityConfig(activations="2:4", kernels="triton"), torch.float16, 128, "reference", "2:4 activations"),
-        (SparsityConfig(weights="2:4", kernels="triton"), torch.float16, 128, "reference", "2:4 weights alone"),
+        (SparsityConfig(weights="2:4", kernels="triton"), torch.float16, 128, W24, ""),
+        (
+            SparsityConfig(weights="2:4", weight_grad="tokens:16:2:8", kernels="triton"),
+            torch.float16,
+            128,
+            "reference",
+            "2:4 weights alone with the token-dim",
+        ),
         (SparsityConfig(activations="8:2:8", kernels="triton"), torch.float16, 128, "reference", "V=8"),
         (SparsityConfig(activations="64:2:8", kernels="triton"), torch.float16, 96, "reference", "T=96"),
         (SparsityConfig(activations="64:2:8", kernels="triton"), torch.float32, 128, GATHER, ""),
@@ -174,7 +181,7 @@ def test_plan_on_cpu(config, dtype, tokens, kernel, why, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernels="triton" on CPU tensors needs the interpreter
     plan = plan_kernels(torch.device("cpu"), dtype, tokens, config)
     assert plan.kernel == kernel and plan.gather == (kernel == GATHER) and why in plan.why
-    assert plan.op == ("sqrelu_ffn_vnm" if kernel == GATHER else "sqrelu_ffn")
+    assert plan.op == {GATHER: "sqrelu_ffn_vnm", W24: "linear_24"}.get(kernel, "sqrelu_ffn")
 
 
 def test_triton_on_cpu_needs_interpreter(monkeypatch):
