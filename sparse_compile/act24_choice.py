@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.f1_choice import MAX_ALGS
-from sparse_compile.measure import back_to_back_ms, max_rel_err
+from sparse_compile.f1_choice import MAX_ALGS, SLOW
+from sparse_compile.measure import back_to_back_ms, max_rel_err, one_call_ms
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     masked = activation_24(z, masked=True)[2]  # the same H~, dense
     del z
     want = masked @ w  # cuBLAS, every row: an algorithm may go wrong in some row blocks only
+    dense_ms = one_call_ms(lambda: masked @ w)
     best: tuple[float, int] | None = None
     for alg in range(MAX_ALGS):
         try:
@@ -66,7 +67,10 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
             break
         if got.shape != (tokens, d) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
             continue
-        ms = back_to_back_ms(lambda a=alg: torch._cslt_sparse_mm(h_buf, w, alg_id=a))
+        call = lambda a=alg: torch._cslt_sparse_mm(h_buf, w, alg_id=a)  # noqa: E731
+        if one_call_ms(call) > SLOW * dense_ms:
+            continue
+        ms = back_to_back_ms(call)
         if best is None or ms < best[0]:
             best = (ms, alg)
     if best is None:

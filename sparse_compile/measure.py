@@ -1,4 +1,4 @@
-"""Timing and error for the compile-time kernel choices (f1_choice.py, gather_choice.py)."""
+"""Timing and error for the compile-time kernel choices (f1_choice.py, gather_choice.py, act24_choice.py)."""
 
 from collections.abc import Callable
 
@@ -19,6 +19,19 @@ def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def one_call_ms(fn: Callable[[], object]) -> float:
+    """Time of one call after one warm-up call, synchronized: screens out a pathologically slow
+    cuSPARSELt algorithm before back_to_back_ms queues 28 calls of it (one in fp16 at (T, d, h) =
+    (4096, 1024, 2048) on an H100 ran the 28 for over 45 s)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def max_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
