@@ -1,4 +1,4 @@
-"""Squared-ReLU FFN with 2:4 activations: F2 and B3 on cuSPARSELt with the activation sparse.
+"""Squared-ReLU FFN with 2:4 activations: F2 and B3 on cuSPARSELt with the activation sparse (or cuBLAS).
 
 Same math as kernels/ffn_reference.py with the V:N:M pattern 1:2:4, GEMM by GEMM:
   F1  Z = X W1^T + b1               cuBLAS, or cuSPARSELt on W~1 (2:4 weights) given an algorithm id
@@ -9,13 +9,16 @@ Same math as kernels/ffn_reference.py with the V:N:M pattern 1:2:4, GEMM by GEMM
   B3  dX = dZ~ W1                   cuSPARSELt, dZ~ the sparse operand
   B2  dW2 = dY^T H~, B4 dW1 = dZ~^T X   exact, cuBLAS on the dense masked operands (2:4 along h is
                                     not along these GEMMs' K = T), or the token-dim approximation
-Between forward and backward only r_buf [T, h/2 + h/16] is kept.
+Between forward and backward only r_buf [T, h/2 + h/16] is kept. With algorithm -1 (cuSPARSELt
+measured slower at the site's shape) F2 runs on cuBLAS over the dense H~ (activation_24_triton.py,
+a second pass over Z) and B3 over the dense dZ~ the backward pass writes anyway.
 """
 
 import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_backward, sqrelu_24_compress
+from sparse_compile.kernels.activation_24_triton import activation_24
 from sparse_compile.kernels.ffn_reference import weight_grads
 
 
@@ -28,8 +31,8 @@ def sqrelu_ffn_forward_24(
     alg: int,
     f1_alg: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, d] -> (y [T, d_out], r_buf); ``alg``: cuSPARSELt's algorithm for F2, ``f1_alg`` for F1
-    (None: cuBLAS)."""
+    """x [T, d] -> (y [T, d_out], r_buf); ``alg``: cuSPARSELt's algorithm for F2 (-1: cuBLAS),
+    ``f1_alg`` for F1 (None: cuBLAS)."""
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
@@ -37,6 +40,8 @@ def sqrelu_ffn_forward_24(
 
         z = sparse_f1(x, w1, b1, f1_alg)
     h_buf, r_buf = sqrelu_24_compress(z)
+    if alg < 0:
+        return F.linear(activation_24(z, masked=True)[2], w2, b2), r_buf
     del z
     y = torch._cslt_sparse_mm(h_buf, w2.t().contiguous(), alg_id=alg)  # cuSPARSELt's bias is per row of H~
     if b2 is not None:
@@ -58,5 +63,5 @@ def sqrelu_ffn_backward_24(
     dz_buf, dz, h = sqrelu_24_backward(dy @ w2, r_buf)
     dw1, dw2 = weight_grads(dy, x, h, dz, weight_grad, dense_frac)
     del h
-    dx = torch._cslt_sparse_mm(dz_buf, w1.contiguous(), alg_id=alg)
+    dx = dz @ w1 if alg < 0 else torch._cslt_sparse_mm(dz_buf, w1.contiguous(), alg_id=alg)
     return dx, dw1, dz.sum(0), dw2, dy.sum(0)

@@ -7,8 +7,9 @@
   "2:4 weight linears" 2:4 weights alone: the FFN's two linears become sparse_compile::linear_24
                        (F1, F2 and their dX GEMMs B3, B1 on cuSPARSELt where it measured faster,
                        with W~ or W~^T as the sparse operand), relu and square stay in the graph
-  "cusparselt 2:4"     2:4 activations (kernels/ffn_act24.py): F2 and B3 on cuSPARSELt with the
-                       activation as the sparse operand, compressed in the squared ReLU's pass
+  "triton 2:4"         2:4 activations (kernels/ffn_act24.py): the squared ReLU, 2:4 choice and
+                       cuSPARSELt compression in one pass; F2 and B3 on cuSPARSELt with the activation
+                       as the sparse operand where that measured faster than cuBLAS, else on cuBLAS
 The gather path needs V:N:M activations with V a multiple of 16, T a known multiple of V,
 bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. Anything else
 runs the reference kernels, and the report says why. kernels="triton" forces the gather path
@@ -17,10 +18,10 @@ With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured f
 on this GPU at the site's shape (sparse_compile/f1_choice.py); the plan carries the algorithm id.
 Under kernels="auto" each of F2, B1, B3 runs on its gather kernel or on cuBLAS over the dense
 operand, whichever measured faster at the site's shape (sparse_compile/gather_choice.py).
-The cuSPARSELt 2:4 path needs activations "2:4", an sm90 GPU (the compressor's layout), bf16/fp16,
-T known to be a multiple of 64, d and h multiples of 64, a cuSPARSELt algorithm that gives the right
-answer, and (kernels="auto") cuSPARSELt measured faster than cuBLAS at the site's shape
-(sparse_compile/act24_choice.py).
+The 2:4 activation path needs activations "2:4", an sm90 GPU (the compressor's layout), bf16/fp16,
+T known to be a multiple of 64, and d and h multiples of 64; F2 and B3 go to cuSPARSELt when it
+measured faster than cuBLAS at the site's shape (sparse_compile/act24_choice.py), or under
+kernels="triton" whenever an algorithm gives the right answer.
 2:4 weight masks on CUDA always come from the Triton kernel (kernels/weight_mask_triton.py), which
 gives the reference's answer, so it is not a choice here.
 """
@@ -36,7 +37,7 @@ from sparse_compile.config import SparsityConfig
 DEVICES = ("cpu", "cuda")
 NO_HINT = "no example token count to measure at"
 GATHER = "triton gather"
-CSLT24 = "cusparselt 2:4"
+CSLT24 = "triton 2:4"
 W24 = "2:4 weight linears"
 
 
@@ -49,7 +50,7 @@ class KernelPlan:
     f1_why: str = ""  # the F1 measurement, for the report
     dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS (measured faster)
     gemm_why: str = ""  # the F2/B1/B3 measurement, for the report
-    act24_alg: int | None = None  # 2:4 activations: cuSPARSELt algorithm of F2 and B3
+    act24_alg: int | None = None  # 2:4 activations: cuSPARSELt algorithm of F2 and B3 (-1: cuBLAS)
     f2_alg: int | None = None  # 2:4 weights alone: cuSPARSELt algorithm of F2 and B3 (F1, B1: f1_alg)
 
     @property
@@ -135,7 +136,7 @@ def _f1(device: torch.device, dtype: torch.dtype, t: int | None, config: Sparsit
 
 
 def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int, h: int) -> KernelPlan:
-    """2:4 activations: F2, B3 on cuSPARSELt where it applies and measures faster, else the reference."""
+    """2:4 activations: the fused kernels with F2, B3 on cuSPARSELt or cuBLAS, where they apply; else the reference."""
     if device.type != "cuda":
         return _reference(device.type, "2:4 activations: cuSPARSELt needs a CUDA GPU; masked dense GEMMs")
     if not (d and h):
@@ -151,10 +152,12 @@ def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityC
     if why:
         return _reference(device.type, why + "; masked dense GEMMs")
     choice = act24_choice.choose_act24(device.index or 0, dtype, t, d, h)
-    if choice.alg is None or (config.kernels == "auto" and not choice.pays):
-        return _reference(device.type, choice.why + ": masked dense GEMMs")
+    alg, why = (choice.alg if choice.pays else None), choice.why
+    if config.kernels == "triton" and choice.alg is not None and not choice.pays:
+        alg = choice.alg
+        why = f"F2, B3 on cuSPARSELt alg {alg} (kernels='triton'; {choice.ratio:.2f}x cuBLAS measured at this shape)"
     f1_alg, f1_why = _f1(device, dtype, t, config, d, h)
-    return KernelPlan(CSLT24, False, f1_alg=f1_alg, f1_why=f1_why, gemm_why=choice.why, act24_alg=choice.alg)
+    return KernelPlan(CSLT24, False, f1_alg=f1_alg, f1_why=f1_why, gemm_why=why, act24_alg=-1 if alg is None else alg)
 
 
 def _plan_w24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int, h: int) -> KernelPlan:

@@ -12,7 +12,7 @@ sparse_compile::sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec) -> (y, r_c, ids)
     backward keeps r_c [T, h*4/M] and ids [T/V, h*4/M]. The rewrite picks it (dispatch.py).
 sparse_compile::sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, spec) -> (dx, dw1, db1, dw2, db2)
 sparse_compile::sqrelu_ffn_24(x, w1, b1, w2, b2, spec) -> (y, r_buf)
-    The same function for 2:4 activations with F2 and B3 on cuSPARSELt (kernels/ffn_act24.py);
+    The same function for 2:4 activations, F2 and B3 on cuSPARSELt or cuBLAS (kernels/ffn_act24.py);
     backward keeps r_buf, the sm90 cuSPARSELt buffer of R~ [T, h/2 + h/16].
 sparse_compile::sqrelu_ffn_24_backward(dy, x, w1, w2, r_buf, spec) -> (dx, dw1, db1, dw2, db2)
 sparse_compile::linear_24(x, w~, b, alg, bwd_alg) -> y
@@ -51,7 +51,7 @@ class OpSpec:
     dense_frac: float = 0.0
     f1_alg: int | None = None  # F1 through cuSPARSELt with this algorithm id (2:4 weights, sm90)
     dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS instead of the gather kernels
-    act24_alg: int | None = None  # 2:4 activations: F2 and B3 through cuSPARSELt with this algorithm id
+    act24_alg: int | None = None  # 2:4 activations: F2 and B3 through cuSPARSELt with this id (-1: cuBLAS)
 
 
 @functools.cache

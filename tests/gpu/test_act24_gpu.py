@@ -63,7 +63,7 @@ def test_op_matches_reference_op_and_oracle(weights, dtype):
     choice = choose_act24(0, dtype, 1024, 512, 2048)
     assert choice.alg is not None, choice.why
     f1 = [""] + ([";f1_alg=0"] if weights else [])
-    for suffix in {f";act24_alg={a}" for a in (0, choice.alg)}:
+    for suffix in {f";act24_alg={a}" for a in (0, choice.alg, -1)}:  # -1: F2, B3 on cuBLAS
         for f1_suffix in f1:
             _poison()
             got = run_with_grads(ops.sqrelu_ffn_24, leaves, weights, config.op_spec() + suffix + f1_suffix)
