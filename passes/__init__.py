@@ -111,7 +111,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[Site
         plan = plan_kernels(x.device, compute_dtype(match), math.prod(x.shape[:-1]), config, d=d, h=h)
         approx = ""
         if config.weight_grad_pattern is not None:
-            approx = f"dW1, dW2: token-dim approximation {config.weight_grad} (reference math, slower than exact)"
+            approx = f"dW1, dW2: token-dim approximation {config.weight_grad} (slower than exact)"
         note = "; ".join(n for n in (site_note(match, config), plan.why, plan.f1_why, plan.gemm_why, approx) if n)
         records.append(dataclasses.replace(_describe(match.first, match.second, True, note), kernel=plan.kernel))
         replaced[match.second] = rewrite_site(
