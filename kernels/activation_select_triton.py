@@ -11,6 +11,9 @@ its rows (ROWS at a time):
      segments of h_c and r_c.
 Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32 ids. At M=8,
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
+The one-read kernel (_vnm_select_onchip_kernel) loads the whole [V, BLOCK_G*M] tile once, keeps it
+in registers, and takes the kept columns from it with tl.gather instead of reading them again;
+where that measured faster (ONCHIP_DEFAULT) it is the default.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
 summed in a different order, so only norms equal to within rounding can pick differently).
 """
@@ -27,6 +30,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # eviction hints on the two reads: 0.481 -> 0.460 ms (128:2:16), 0.595 -> 0.591 (128:2:8), same
 # output, never slower in 7 tilings (H100, bench/RESULTS.md 4l).
 EVICT_DEFAULT = True
+# (V, M) -> groups per program of the one-read kernel, where it measured faster at 16384 x 16384 on
+# an H100 (bench/RESULTS.md 4m): 128:2:8 0.622 -> 0.508 ms (0.58 -> 0.71 of copy), 128:4:8 0.620 ->
+# 0.518 (0.69); at 4 warps. Not faster at 128:2:16 (0.462 vs 0.468) or 64:2:8 (0.575 vs 0.582).
+ONCHIP_DEFAULT = {(128, 8): 4}
 
 
 @triton.jit
@@ -136,6 +143,60 @@ def _vnm_select_kernel(
             tl.store(rc_ptr + dst, r.to(dtype), mask=ok)
 
 
+@triton.jit
+def _vnm_select_onchip_kernel(
+    z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
+    G, stride_z, stride_c, stride_ids,
+    V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """The same selection with Z read once: the whole [V, BLOCK_G * M] tile is held on chip and the
+    kept columns are taken from it with tl.gather (no second read). M a power of two, G % BLOCK_G == 0."""
+    tb = tl.program_id(0)
+    g0 = tl.program_id(1) * BLOCK_G
+    C: tl.constexpr = BLOCK_G * M
+    rows = tb * V + tl.arange(0, V)
+    cols = g0 * M + tl.arange(0, C)
+    dtype = hc_ptr.dtype.element_ty
+    z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :])
+    if HAS_BIAS:
+        r = _relu(z, tl.load(b_ptr + cols).to(tl.float32)[None, :], HAS_BIAS)
+    else:
+        r = _relu(z, 0.0, HAS_BIAS)
+    norms = tl.reshape(tl.sum((r * r).to(dtype).to(tl.float32), axis=0), (BLOCK_G, M))
+
+    j = tl.arange(0, M)
+    left = j[None, None, :] < j[None, :, None]
+    a = norms[:, :, None]
+    b = norms[:, None, :]
+    chosen = tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2) < 4
+    pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)
+    c0 = tl.sum(tl.where(chosen & (pos == 0), j[None, :], 0), axis=1)
+    c1 = tl.sum(tl.where(chosen & (pos == 1), j[None, :], 0), axis=1)
+    c2 = tl.sum(tl.where(chosen & (pos == 2), j[None, :], 0), axis=1)
+    c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
+    local = tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * BLOCK_G,))
+    local = local + (tl.arange(0, 4 * BLOCK_G) // 4) * M  # column within the tile
+    out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)
+    tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, (local + g0 * M).to(tl.int32))
+
+    r = tl.gather(r, tl.broadcast_to(local[None, :], (V, 4 * BLOCK_G)), axis=1)  # [V, 4 BLOCK_G]
+    h = (r * r).to(dtype).to(tl.float32)
+    if N < 4:
+        even, odd = tl.split(tl.reshape(h, (V, BLOCK_G, 2, 2)))
+        h0, h2 = tl.split(even)
+        h1, h3 = tl.split(odd)
+        k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
+        k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
+        k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
+        k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
+        keep = _four(k0, k1, k2, k3)
+        h = tl.where(keep, h, 0.0)
+        r = tl.where(keep, r, 0.0)
+    dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
+    tl.store(hc_ptr + dst, h.to(dtype))
+    tl.store(rc_ptr + dst, r.to(dtype))
+
+
 def vnm_select_compact(
     z: torch.Tensor,
     bias: torch.Tensor | None,
@@ -146,14 +207,20 @@ def vnm_select_compact(
     rows: int | None = None,
     num_warps: int = 4,
     evict: bool = EVICT_DEFAULT,
+    onchip: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
 
     Tiling (powers of two; the defaults are what bench/select_kernel.py measured): ``block_g`` M-groups
     per program, ``rows`` token rows per step of each pass, ``num_warps``. ``evict``: the first read
     of Z asks L2 to keep it (evict_last) for the second, which releases it (evict_first).
+    ``onchip``: the one-read kernel (the whole V-row tile held on chip, kept columns by tl.gather;
+    ``rows`` unused), for power-of-two V and M with ``block_g`` dividing F/M; None: where it measured
+    faster (ONCHIP_DEFAULT).
     """
-    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, abs_score=False, evict=evict)
+    return _select(
+        "vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, abs_score=False, evict=evict, onchip=onchip
+    )
 
 
 def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +230,8 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
     return x_c, ids
 
 
-def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT):
-    """Check the inputs (errors name ``name``), pick the tiling, launch; (h_c, r_c, ids)."""
+def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False):
+    """Check the inputs (errors name ``name``), pick the kernel and tiling, launch; (h_c, r_c, ids)."""
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
     _check(z, v, n, m)
@@ -177,6 +244,21 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=E
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)
     r_c = h_c if abs_score else torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
+    if onchip is None:
+        onchip = (v, m) in ONCHIP_DEFAULT and (f // m) % ONCHIP_DEFAULT[v, m] == 0 and block_g is None
+        block_g = ONCHIP_DEFAULT.get((v, m)) if onchip else block_g
+    if onchip:
+        block_g = block_g or max(1, 32 // m)
+        if abs_score or v & (v - 1) or m & (m - 1) or (f // m) % block_g:
+            raise ValueError(
+                f"{name}(onchip=True): V={v} and M={m} must be powers of two and F/M={f // m} a multiple of "
+                f"block_g={block_g} (and no ABS scoring)"
+            )
+        _vnm_select_onchip_kernel[(t // v, f // m // block_g)](
+            z, bias if bias is not None else z, h_c, r_c, ids, f // m, z.stride(0), h_c.stride(0), ids.stride(0),
+            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, num_warps=num_warps,
+        )  # fmt: skip
+        return h_c, r_c, ids
     m_p = triton.next_power_of_2(m)
     # Defaults from the H100 sweep at 16384 x 16384 (bench/RESULTS.md 4l): 64 hidden columns x 16
     # rows per step for M=16 (0.48 ms, 128:2:16), 256 columns x 8 rows for M<=8 (0.60 ms, 128:2:8;

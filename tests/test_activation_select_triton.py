@@ -49,6 +49,38 @@ def test_equals_reference(v, n, m, groups, block_g, rows, dtype, bias, ties):
     assert ((h_c.reshape(t, groups, 4) != 0).sum(-1) <= n).all()
 
 
+@pytest.mark.parametrize(
+    "v, n, m, groups, block_g",
+    [  # None: the default call, which takes the one-read kernel at V=128, M=8 (ONCHIP_DEFAULT)
+        (128, 2, 8, 4, None),
+        (128, 4, 8, 8, 8),
+        (16, 1, 16, 4, 2),
+        (4, 2, 4, 2, 1),
+        (32, 2, 8, 3, 1),
+    ],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_onchip_equals_reference(v, n, m, groups, block_g, dtype, bias, ties):
+    """The one-read kernel (tile on chip, kept columns by tl.gather), bit for bit."""
+    t, f = 2 * v, groups * m
+    z = _z(t, f, dtype, v + m + groups, ties)
+    b = _z(1, f, dtype, 98, ties)[0] if bias else None
+    got = vnm_select_compact(z, b, v, n, m, block_g=block_g, onchip=None if block_g is None else True)
+    for name, a, r in zip(("h_c", "r_c", "ids"), got, vnm_compact_ref(z, b, v, n, m), strict=True):
+        assert a.dtype == r.dtype and torch.equal(a, r), name
+
+
+@pytest.mark.parametrize(
+    "v, m, groups, block_g, match",
+    [(3, 8, 4, 1, "V=3 and M=8 must be powers of two"), (4, 12, 2, 1, "M=12"), (4, 8, 3, 2, "F/M=3 a multiple")],
+)
+def test_onchip_rejects_what_it_cannot_tile(v, m, groups, block_g, match):
+    with pytest.raises(ValueError, match=match):
+        vnm_select_compact(_z(v, groups * m, torch.float16, 0), None, v, 2, m, block_g=block_g, onchip=True)
+
+
 @pytest.mark.parametrize("v, n, m, groups", [(16, 2, 8, 4), (32, 1, 16, 3), (3, 2, 12, 5), (16, 4, 8, 2)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ties", [False, True])
