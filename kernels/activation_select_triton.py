@@ -53,6 +53,36 @@ def _relu(z, bias, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _top4(norms, j, col_ok):
+    """The 4 columns of largest norm per group, ascending: c0..c3 [BLOCK_G] (within-group indices);
+    a column is "behind" each larger or equal-and-left one. norms [BLOCK_G, M_P], j = arange(M_P)."""
+    left = j[None, None, :] < j[None, :, None]  # [1, M_P(this), M_P(other)]: other is left of this
+    a = norms[:, :, None]
+    b = norms[:, None, :]
+    chosen = (tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2) < 4) & col_ok
+    pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)  # place among the group's 4
+    c0 = tl.sum(tl.where(chosen & (pos == 0), j[None, :], 0), axis=1)
+    c1 = tl.sum(tl.where(chosen & (pos == 1), j[None, :], 0), axis=1)
+    c2 = tl.sum(tl.where(chosen & (pos == 2), j[None, :], 0), axis=1)
+    c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
+    return tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * norms.shape[0],))
+
+
+@triton.jit
+def _keep_n(h, N: tl.constexpr):
+    """[ROWS, 4 G] of each group's 4 kept-column values -> which the row keeps: its N largest
+    (value descending, then column ascending)."""
+    even, odd = tl.split(tl.reshape(h, (h.shape[0], h.shape[1] // 4, 2, 2)))
+    h0, h2 = tl.split(even)
+    h1, h3 = tl.split(odd)
+    k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
+    k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
+    k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
+    k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
+    return _four(k0, k1, k2, k3)
+
+
+@triton.jit
 def _vnm_select_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
     G, stride_z, stride_c, stride_ids,
@@ -90,20 +120,11 @@ def _vnm_select_kernel(
             acc += tl.where(ok, (r * r).to(dtype).to(tl.float32), 0.0)
     norms = tl.sum(acc, axis=0)
 
-    # the 4 columns of largest norm per group; a column is "behind" each larger or equal-and-left one
     norms = tl.where(col_ok, norms, float("-inf"))
-    left = j[None, None, :] < j[None, :, None]  # [1, M_P(this), M_P(other)]: other is left of this
-    a = norms[:, :, None]
-    b = norms[:, None, :]
-    chosen = (tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2) < 4) & col_ok
-    pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)  # place among the group's 4
-    c0 = tl.sum(tl.where(chosen & (pos == 0), j[None, :], 0), axis=1)  # [BLOCK_G], ascending
-    c1 = tl.sum(tl.where(chosen & (pos == 1), j[None, :], 0), axis=1)
-    c2 = tl.sum(tl.where(chosen & (pos == 2), j[None, :], 0), axis=1)
-    c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
+    local = _top4(norms, j, col_ok)
     out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)  # compact columns of this program
     out_ok = out < G * 4
-    ids = tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * BLOCK_G,)) + (out // 4) * M
+    ids = local + (out // 4) * M
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, ids.to(tl.int32), mask=out_ok)
 
     # pass 2: read only the kept columns (the tile was just read), already in the compact
@@ -124,15 +145,8 @@ def _vnm_select_kernel(
         else:
             r = _relu(z, bias_c, HAS_BIAS)
             h = (r * r).to(dtype).to(tl.float32)
-        if N < 4:  # the group's 4 values h0..h3 as [ROWS, BLOCK_G] tensors (split along columns)
-            even, odd = tl.split(tl.reshape(h, (ROWS, BLOCK_G, 2, 2)))
-            h0, h2 = tl.split(even)
-            h1, h3 = tl.split(odd)
-            k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
-            k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
-            k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
-            k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
-            keep = _four(k0, k1, k2, k3)
+        if N < 4:
+            keep = _keep_n(h, N)
             h = tl.where(keep, h, 0.0)
             r = tl.where(keep, r, 0.0)
         dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
@@ -165,16 +179,7 @@ def _vnm_select_onchip_kernel(
     norms = tl.reshape(tl.sum((r * r).to(dtype).to(tl.float32), axis=0), (BLOCK_G, M))
 
     j = tl.arange(0, M)
-    left = j[None, None, :] < j[None, :, None]
-    a = norms[:, :, None]
-    b = norms[:, None, :]
-    chosen = tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2) < 4
-    pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)
-    c0 = tl.sum(tl.where(chosen & (pos == 0), j[None, :], 0), axis=1)
-    c1 = tl.sum(tl.where(chosen & (pos == 1), j[None, :], 0), axis=1)
-    c2 = tl.sum(tl.where(chosen & (pos == 2), j[None, :], 0), axis=1)
-    c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
-    local = tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * BLOCK_G,))
+    local = _top4(norms, j, (j < M)[None, :])
     local = local + (tl.arange(0, 4 * BLOCK_G) // 4) * M  # column within the tile
     out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, (local + g0 * M).to(tl.int32))
@@ -182,14 +187,7 @@ def _vnm_select_onchip_kernel(
     r = tl.gather(r, tl.broadcast_to(local[None, :], (V, 4 * BLOCK_G)), axis=1)  # [V, 4 BLOCK_G]
     h = (r * r).to(dtype).to(tl.float32)
     if N < 4:
-        even, odd = tl.split(tl.reshape(h, (V, BLOCK_G, 2, 2)))
-        h0, h2 = tl.split(even)
-        h1, h3 = tl.split(odd)
-        k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < N
-        k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < N
-        k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < N
-        k3 = ((h0 >= h3).to(tl.int32) + (h1 >= h3).to(tl.int32) + (h2 >= h3).to(tl.int32)) < N
-        keep = _four(k0, k1, k2, k3)
+        keep = _keep_n(h, N)
         h = tl.where(keep, h, 0.0)
         r = tl.where(keep, r, 0.0)
     dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
