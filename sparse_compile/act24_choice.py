@@ -18,7 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from sparse_compile.f1_choice import MAX_ALGS, none_usable, too_slow
-from sparse_compile.measure import back_to_back_ms, max_rel_err, one_call_ms
+from sparse_compile.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     if best is None:
         return Act24Choice(None, 0.0, f"F2, B3 on cuBLAS: {none_usable(wrong, slow)}")
     alg = best[1]
-    # two interleaved rounds, best of each (as gather_choice.py)
-    rounds = [
-        (back_to_back_ms(lambda: masked @ w), back_to_back_ms(lambda: torch._cslt_sparse_mm(h_buf, w, alg_id=alg)))
-        for _ in range(2)
-    ]
-    ratio = min(c for c, _ in rounds) / min(s for _, s in rounds)
+    ratio = interleaved_ratio(lambda: masked @ w, lambda: torch._cslt_sparse_mm(h_buf, w, alg_id=alg))
     if ratio >= 1:
         return Act24Choice(alg, ratio, f"F2, B3 on cuSPARSELt alg {alg}: {ratio:.2f}x cuBLAS measured at this shape")
     return Act24Choice(alg, ratio, f"F2, B3 on cuBLAS: cuSPARSELt alg {alg} measured {ratio:.2f}x cuBLAS at this shape")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.measure import back_to_back_ms, max_rel_err, one_call_ms
+from sparse_compile.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
 
 MAX_ALGS = 32  # cuSPARSELt 0.8 offers ids 0..17 at the shapes measured; stop at the first refused
 SLOW, SLOW_FLOOR_MS = 4.0, 10.0  # see too_slow
@@ -91,10 +91,14 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
             best = (ms, alg)
     if best is None:
         return F1Choice(None, f"F1 cuBLAS: {none_usable(wrong, slow)}")
-    ms, alg = best
-    if ms < dense_ms:
-        return F1Choice(alg, f"F1 cuSPARSELt alg {alg} ({dense_ms / ms:.2f}x cuBLAS measured, compression included)")
-    return F1Choice(None, f"F1 cuBLAS (cuSPARSELt best {dense_ms / ms:.2f}x, measured)")
+    alg = best[1]
+    ratio = interleaved_ratio(
+        lambda: F.linear(x, w, b),
+        lambda: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=alg),
+    )
+    if ratio >= 1:
+        return F1Choice(alg, f"F1 cuSPARSELt alg {alg} ({ratio:.2f}x cuBLAS measured, compression included)")
+    return F1Choice(None, f"F1 cuBLAS (cuSPARSELt best {ratio:.2f}x, measured)")
 
 
 def sparse_f1(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, alg: int) -> torch.Tensor:

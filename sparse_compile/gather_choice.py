@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.measure import back_to_back_ms, max_rel_err
+from sparse_compile.measure import interleaved_ratio, max_rel_err
 
 GATHER_GEMMS = ("F2", "B1", "B3")
 
@@ -65,10 +65,7 @@ def _measure(device, dtype, tokens, d, h, v, n, m) -> GatherChoice:
             dense.add(name)
             notes.append(f"{name} cuBLAS (gather kernel off by {err:.1e})")
             continue
-        # two interleaved rounds, best of each: one round alone once measured gather_k 0.70x of
-        # cuBLAS right after its autotuning, where the same kernel and shape (B3) measured 2.39x
-        rounds = [(back_to_back_ms(cublas), back_to_back_ms(gather)) for _ in range(2)]
-        ratio = min(c for c, _ in rounds) / min(g for _, g in rounds)
+        ratio = interleaved_ratio(cublas, gather)
         if ratio < 1:
             dense.add(name)
         notes.append(f"{name} {'gather' if ratio >= 1 else 'cuBLAS'} (gather {ratio:.2f}x cuBLAS measured)")

@@ -21,6 +21,14 @@ def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
     return start.elapsed_time(end) / reps
 
 
+def interleaved_ratio(baseline: Callable[[], object], candidate: Callable[[], object], rounds: int = 2) -> float:
+    """baseline time / candidate time, each the best of ``rounds`` back_to_back_ms, interleaved:
+    one round alone once measured a Triton kernel 0.70x of cuBLAS right after its autotuning where
+    the same kernel and shape measured 2.39x (bench/RESULTS.md 4l)."""
+    times = [(back_to_back_ms(baseline), back_to_back_ms(candidate)) for _ in range(rounds)]
+    return min(b for b, _ in times) / min(c for _, c in times)
+
+
 def one_call_ms(fn: Callable[[], object]) -> float:
     """Time of one call after one warm-up call, synchronized: screens out a pathologically slow
     cuSPARSELt algorithm before back_to_back_ms queues 28 calls of it (one in fp16 at (T, d, h) =
