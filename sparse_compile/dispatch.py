@@ -105,7 +105,7 @@ def plan_kernels(
     if device.type != "cuda" or not (d and h):
         return KernelPlan(GATHER, True)
     t = _hint(tokens)
-    f1_alg, f1_why = _f1(device, dtype, t, config, d, h)
+    f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h)
     dense, gemm_why = frozenset(), ""
     if config.kernels == "auto":
         from sparse_compile import gather_choice
@@ -122,13 +122,18 @@ def _hint(tokens) -> int | None:
     return tokens.node.hint if isinstance(tokens, torch.SymInt) else int(tokens)
 
 
-def _f1(device: torch.device, dtype: torch.dtype, t: int | None, config: SparsityConfig, d: int, h: int):
-    """(cuSPARSELt algorithm of F1 or None, why) for 2:4 weights on CUDA."""
+def _f1(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int, h: int):
+    """(cuSPARSELt algorithm of F1 = [T, d] x W~^T [d, h] or None, why) for 2:4 weights on CUDA."""
     if config.weights != "2:4":
         return None, ""
     from sparse_compile import f1_choice
 
-    why = f1_choice.applies(device, dtype, d, h) or (f"F1 cuBLAS: {NO_HINT}" if t is None else "")
+    t = _hint(tokens)
+    why = f1_choice.applies(device, dtype, d, h)
+    if not why and not statically_known_true(tokens % 64 == 0):
+        why = f"F1 cuBLAS: T={tokens} is not known to be a multiple of 64 (cuSPARSELt's dense operand)"
+    if not why and t is None:
+        why = f"F1 cuBLAS: {NO_HINT}"
     if why:
         return None, why
     choice = f1_choice.choose_f1(device.index or 0, dtype, t, d, h)
@@ -156,7 +161,7 @@ def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityC
     if config.kernels == "triton" and choice.alg is not None and not choice.pays:
         alg = choice.alg
         why = f"F2, B3 on cuSPARSELt alg {alg} (kernels='triton'; {choice.ratio:.2f}x cuBLAS measured at this shape)"
-    f1_alg, f1_why = _f1(device, dtype, t, config, d, h)
+    f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h)
     return KernelPlan(CSLT24, False, f1_alg=f1_alg, f1_why=f1_why, gemm_why=why, act24_alg=-1 if alg is None else alg)
 
 
@@ -168,9 +173,8 @@ def _plan_w24(device: torch.device, dtype: torch.dtype, tokens, config: Sparsity
         return KernelPlan(W24, False, f1_why="F1, B1, F2, B3 cuBLAS: cuSPARSELt needs a CUDA GPU")
     if not (d and h):
         return _reference(device.type, "2:4 weights alone: shapes unknown; masked dense GEMMs")
-    t = _hint(tokens)
-    f1_alg, f1_why = _f1(device, dtype, t, config, d, h)  # [T, d] -> [T, h]: F1, and B1 = dY W~2
-    f2_alg, f2_why = _f1(device, dtype, t, config, h, d)  # [T, h] -> [T, d]: F2, and B3 = dZ W~1
+    f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h)  # [T, d] -> [T, h]: F1, and B1 = dY W~2
+    f2_alg, f2_why = _f1(device, dtype, tokens, config, h, d)  # [T, h] -> [T, d]: F2, and B3 = dZ W~1
     return KernelPlan(
         W24,
         False,

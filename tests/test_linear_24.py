@@ -46,3 +46,24 @@ def test_compiled_model_on_2_4_weight_linears():
     report = compile_reports()[-1]
     assert [s.kernel for s in report.sparse_sites] == [W24, W24]
     assert all("cuSPARSELt needs a CUDA GPU" in s.record.reason for s in report.sparse_sites)
+
+
+def test_2_4_weight_linears_under_autocast_match_the_reference_op():
+    """bf16 autocast around fp32 weights: the rewrite casts x, W~ and the fp32 relu² the way autocast's
+    linear does, so the linears see what the reference op sees."""
+    x = torch.randn(2, 16, 32)
+    outs = {}
+    for kernels in ("triton", "reference"):
+        model = Stack()
+        compiled = torch.compile(model, backend="sparse", options={"weights": "2:4", "kernels": kernels})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = compiled(x)
+        y.float().square().sum().backward()
+        outs[kernels] = (y.float(), grads(model))
+        kinds = {s.kernel for s in compile_reports()[-1].sparse_sites}
+        assert kinds == ({W24} if kernels == "triton" else {"reference"})
+    (y, g), (y_ref, g_ref) = outs["triton"], outs["reference"]
+    assert y.dtype == y_ref.dtype
+    torch.testing.assert_close(y, y_ref, rtol=2e-2, atol=2e-2)
+    for k in g_ref:
+        torch.testing.assert_close(g[k], g_ref[k], rtol=5e-2, atol=5e-2, msg=k)
