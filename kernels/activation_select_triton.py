@@ -34,6 +34,7 @@ EVICT_DEFAULT = True
 # an H100 (bench/RESULTS.md 4m): 128:2:8 0.622 -> 0.508 ms (0.58 -> 0.71 of copy), 128:4:8 0.620 ->
 # 0.518 (0.69); at 4 warps. Not faster at 128:2:16 (0.462 vs 0.468) or 64:2:8 (0.575 vs 0.582).
 ONCHIP_DEFAULT = {(128, 8): 4}
+GATHER_Z_DEFAULT = False
 
 
 @triton.jit
@@ -162,9 +163,12 @@ def _vnm_select_onchip_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
     G, stride_z, stride_c, stride_ids,
     V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATHER_Z: tl.constexpr,
 ):  # fmt: skip
     """The same selection with Z read once: the whole [V, BLOCK_G * M] tile is held on chip and the
-    kept columns are taken from it with tl.gather (no second read). M a power of two, G % BLOCK_G == 0."""
+    kept columns are taken from it with tl.gather (no second read). M a power of two, G % BLOCK_G == 0.
+    GATHER_Z: gather the 16-bit Z and redo relu on the kept columns, instead of gathering the float32
+    relu (tl.gather goes through shared memory: half the bytes)."""
     tb = tl.program_id(0)
     g0 = tl.program_id(1) * BLOCK_G
     C: tl.constexpr = BLOCK_G * M
@@ -172,10 +176,8 @@ def _vnm_select_onchip_kernel(
     cols = g0 * M + tl.arange(0, C)
     dtype = hc_ptr.dtype.element_ty
     z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :])
-    if HAS_BIAS:
-        r = _relu(z, tl.load(b_ptr + cols).to(tl.float32)[None, :], HAS_BIAS)
-    else:
-        r = _relu(z, 0.0, HAS_BIAS)
+    bias = tl.load(b_ptr + cols).to(tl.float32)[None, :] if HAS_BIAS else 0.0
+    r = _relu(z, bias, HAS_BIAS)
     norms = tl.reshape(tl.sum((r * r).to(dtype).to(tl.float32), axis=0), (BLOCK_G, M))
 
     j = tl.arange(0, M)
@@ -184,7 +186,12 @@ def _vnm_select_onchip_kernel(
     out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, (local + g0 * M).to(tl.int32))
 
-    r = tl.gather(r, tl.broadcast_to(local[None, :], (V, 4 * BLOCK_G)), axis=1)  # [V, 4 BLOCK_G]
+    index = tl.broadcast_to(local[None, :], (V, 4 * BLOCK_G))
+    if GATHER_Z:
+        bias_c = tl.load(b_ptr + g0 * M + local).to(tl.float32)[None, :] if HAS_BIAS else 0.0
+        r = _relu(tl.gather(z, index, axis=1), bias_c, HAS_BIAS)
+    else:
+        r = tl.gather(r, index, axis=1)  # [V, 4 BLOCK_G]
     h = (r * r).to(dtype).to(tl.float32)
     if N < 4:
         keep = _keep_n(h, N)
@@ -206,6 +213,7 @@ def vnm_select_compact(
     num_warps: int = 4,
     evict: bool = EVICT_DEFAULT,
     onchip: bool | None = None,
+    gather_z: bool = GATHER_Z_DEFAULT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
 
@@ -214,11 +222,9 @@ def vnm_select_compact(
     of Z asks L2 to keep it (evict_last) for the second, which releases it (evict_first).
     ``onchip``: the one-read kernel (the whole V-row tile held on chip, kept columns by tl.gather;
     ``rows`` unused), for power-of-two V and M with ``block_g`` dividing F/M; None: where it measured
-    faster (ONCHIP_DEFAULT).
+    faster (ONCHIP_DEFAULT); ``gather_z``: its tl.gather takes Z (16-bit) rather than relu(Z) (float32).
     """
-    return _select(
-        "vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, abs_score=False, evict=evict, onchip=onchip
-    )
+    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip, gather_z)
 
 
 def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +234,9 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
     return x_c, ids
 
 
-def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False):
+def _select(
+    name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False, gather_z=False
+):
     """Check the inputs (errors name ``name``), pick the kernel and tiling, launch; (h_c, r_c, ids)."""
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
@@ -254,7 +262,7 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=E
             )
         _vnm_select_onchip_kernel[(t // v, f // m // block_g)](
             z, bias if bias is not None else z, h_c, r_c, ids, f // m, z.stride(0), h_c.stride(0), ids.stride(0),
-            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, num_warps=num_warps,
+            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, GATHER_Z=gather_z, num_warps=num_warps,
         )  # fmt: skip
         return h_c, r_c, ids
     m_p = triton.next_power_of_2(m)

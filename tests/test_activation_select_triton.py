@@ -62,12 +62,14 @@ def test_equals_reference(v, n, m, groups, block_g, rows, dtype, bias, ties):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("ties", [False, True])
-def test_onchip_equals_reference(v, n, m, groups, block_g, dtype, bias, ties):
-    """The one-read kernel (tile on chip, kept columns by tl.gather), bit for bit."""
+@pytest.mark.parametrize("gather_z", [False, True])
+def test_onchip_equals_reference(v, n, m, groups, block_g, dtype, bias, ties, gather_z):
+    """The one-read kernel (tile on chip, kept columns by tl.gather of relu(Z) or of Z), bit for bit."""
     t, f = 2 * v, groups * m
     z = _z(t, f, dtype, v + m + groups, ties)
     b = _z(1, f, dtype, 98, ties)[0] if bias else None
-    got = vnm_select_compact(z, b, v, n, m, block_g=block_g, onchip=None if block_g is None else True)
+    onchip = None if block_g is None else True
+    got = vnm_select_compact(z, b, v, n, m, block_g=block_g, onchip=onchip, gather_z=gather_z)
     for name, a, r in zip(("h_c", "r_c", "ids"), got, vnm_compact_ref(z, b, v, n, m), strict=True):
         assert a.dtype == r.dtype and torch.equal(a, r), name
 
