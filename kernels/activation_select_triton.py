@@ -30,11 +30,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # eviction hints on the two reads: 0.481 -> 0.460 ms (128:2:16), 0.595 -> 0.591 (128:2:8), same
 # output, never slower in 7 tilings (H100, bench/RESULTS.md 4l).
 EVICT_DEFAULT = True
-# (V, M) -> groups per program of the one-read kernel, where it measured faster at 16384 x 16384 on
-# an H100 (bench/RESULTS.md 4m): 128:2:8 0.622 -> 0.508 ms (0.58 -> 0.71 of copy), 128:4:8 0.620 ->
-# 0.518 (0.69); at 4 warps. Not faster at 128:2:16 (0.462 vs 0.468) or 64:2:8 (0.575 vs 0.582).
-ONCHIP_DEFAULT = {(128, 8): 4}
-GATHER_Z_DEFAULT = False
+# (V, M) -> (groups per program, gather_z) of the one-read kernel, where it measured faster at
+# 16384 x 16384 on an H100 (bench/RESULTS.md 4m), 4 warps: 128:2:8 0.622 -> 0.492 ms (0.58 -> 0.73
+# of copy), 128:4:8 0.620 -> 0.430 (0.84). Not faster at 128:2:16 (0.463 vs 0.468) or 64:2:8.
+ONCHIP_DEFAULT = {(128, 8): (8, True)}
 
 
 @triton.jit
@@ -213,7 +212,7 @@ def vnm_select_compact(
     num_warps: int = 4,
     evict: bool = EVICT_DEFAULT,
     onchip: bool | None = None,
-    gather_z: bool = GATHER_Z_DEFAULT,
+    gather_z: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
 
@@ -222,7 +221,8 @@ def vnm_select_compact(
     of Z asks L2 to keep it (evict_last) for the second, which releases it (evict_first).
     ``onchip``: the one-read kernel (the whole V-row tile held on chip, kept columns by tl.gather;
     ``rows`` unused), for power-of-two V and M with ``block_g`` dividing F/M; None: where it measured
-    faster (ONCHIP_DEFAULT); ``gather_z``: its tl.gather takes Z (16-bit) rather than relu(Z) (float32).
+    faster (ONCHIP_DEFAULT); ``gather_z``: its tl.gather takes Z (16-bit) rather than relu(Z) (float32);
+    None: ONCHIP_DEFAULT's choice where that picked the kernel, else False.
     """
     return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip, gather_z)
 
@@ -235,7 +235,7 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
 
 
 def _select(
-    name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False, gather_z=False
+    name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False, gather_z=None
 ):
     """Check the inputs (errors name ``name``), pick the kernel and tiling, launch; (h_c, r_c, ids)."""
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
@@ -251,8 +251,11 @@ def _select(
     r_c = h_c if abs_score else torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     if onchip is None:
-        onchip = (v, m) in ONCHIP_DEFAULT and (f // m) % ONCHIP_DEFAULT[v, m] == 0 and block_g is None
-        block_g = ONCHIP_DEFAULT.get((v, m)) if onchip else block_g
+        default_g, default_gz = ONCHIP_DEFAULT.get((v, m), (0, False))
+        onchip = default_g > 0 and (f // m) % default_g == 0 and block_g is None
+        if onchip:
+            block_g = default_g
+            gather_z = default_gz if gather_z is None else gather_z
     if onchip:
         block_g = block_g or max(1, 32 // m)
         if abs_score or v & (v - 1) or m & (m - 1) or (f // m) % block_g:
@@ -262,7 +265,7 @@ def _select(
             )
         _vnm_select_onchip_kernel[(t // v, f // m // block_g)](
             z, bias if bias is not None else z, h_c, r_c, ids, f // m, z.stride(0), h_c.stride(0), ids.stride(0),
-            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, GATHER_Z=gather_z, num_warps=num_warps,
+            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, GATHER_Z=bool(gather_z), num_warps=num_warps,
         )  # fmt: skip
         return h_c, r_c, ids
     m_p = triton.next_power_of_2(m)

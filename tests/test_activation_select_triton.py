@@ -52,7 +52,7 @@ def test_equals_reference(v, n, m, groups, block_g, rows, dtype, bias, ties):
 @pytest.mark.parametrize(
     "v, n, m, groups, block_g",
     [  # None: the default call, which takes the one-read kernel at V=128, M=8 (ONCHIP_DEFAULT)
-        (128, 2, 8, 4, None),
+        (128, 2, 8, 8, None),
         (128, 4, 8, 8, 8),
         (16, 1, 16, 4, 2),
         (4, 2, 4, 2, 1),
