@@ -13,7 +13,7 @@ Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 The one-read kernel (_vnm_select_onchip_kernel) loads the whole [V, BLOCK_G*M] tile once, keeps it
 in registers, and takes the kept columns from it with tl.gather instead of reading them again;
-where that measured faster (ONCHIP_DEFAULT) it is the default.
+where that measured faster (ONCHIP_DEFAULT: V=128, M=8, 0.73-0.84 of copy) it is the default.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
 summed in a different order, so only norms equal to within rounding can pick differently).
 """
