@@ -34,8 +34,8 @@ from sparse_compile.kernels.cslt_compress_triton import (
 )
 
 # tiles of 32 columns per program ([32, 128] loads per pass) and warps: the fastest of TILES 2-16 x
-# warps 2-8 at T = h = 16384 on an H100 for the forward (0.71 ms; 4 warps 0.79), within 1% of the
-# fastest for the backward (bench/RESULTS.md 4m)
+# warps 2-8 at T = h = 16384 on an H100 for the forward (0.71 ms; 4 warps 0.79), within 2% of the
+# fastest for the backward (1.047 vs 1.034 ms; bench/RESULTS.md 4m)
 TILES = 8
 NUM_WARPS = 8
 
