@@ -32,17 +32,6 @@ class Act24Choice:
         return self.alg is not None and self.ratio >= 1
 
 
-def applies(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
-    """Why 2:4 activations cannot run on cuSPARSELt on this CUDA ``device`` ("" when they can)."""
-    if torch.cuda.get_device_capability(device)[0] != 9:
-        return "2:4 activations: the fused cuSPARSELt compressor writes the sm90 layout only"
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"2:4 activations: cuSPARSELt takes bf16/fp16, not {str(dtype).removeprefix('torch.')}"
-    if d % 64 or h % 64:
-        return f"2:4 activations: d={d}, h={h} not multiples of 64 (cuSPARSELt pads them)"
-    return ""
-
-
 @functools.cache
 def choose_act24(device_index: int, dtype: torch.dtype, tokens: int, d: int, h: int) -> Act24Choice:
     """Measure cuBLAS and every cuSPARSELt algorithm on [T, h] 2:4 x [h, d]; the fastest correct

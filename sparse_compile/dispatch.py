@@ -129,7 +129,8 @@ def _f1(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig
     from sparse_compile import f1_choice
 
     t = _hint(tokens)
-    why = f1_choice.applies(device, dtype, d, h)
+    why = f1_choice.cslt_unsupported(device, dtype, d, h)
+    why = why and f"F1 cuBLAS: {why}"
     if not why and not statically_known_true(tokens % 64 == 0):
         why = f"F1 cuBLAS: T={tokens} is not known to be a multiple of 64 (cuSPARSELt's dense operand)"
     if not why and t is None:
@@ -146,9 +147,10 @@ def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityC
         return _reference(device.type, "2:4 activations: cuSPARSELt needs a CUDA GPU; masked dense GEMMs")
     if not (d and h):
         return _reference(device.type, "2:4 activations: shapes unknown; masked dense GEMMs")
-    from sparse_compile import act24_choice
+    from sparse_compile import act24_choice, f1_choice
 
-    why = act24_choice.applies(device, dtype, d, h)
+    why = f1_choice.cslt_unsupported(device, dtype, d, h)
+    why = why and f"2:4 activations: {why}"
     if not why and not statically_known_true(tokens % 64 == 0):
         why = f"2:4 activations: T={tokens} is not known to be a multiple of 64 (cuSPARSELt's tile)"
     t = _hint(tokens)

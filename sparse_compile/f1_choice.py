@@ -43,14 +43,15 @@ class F1Choice:
     why: str
 
 
-def applies(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
-    """Why cuSPARSELt F1 cannot run on this CUDA ``device`` ("" when it can)."""
+def cslt_unsupported(device: torch.device, dtype: torch.dtype, d: int, h: int) -> str:
+    """Why a 2:4 GEMM whose sparse operand is compressed here (kernels/cslt_compress_triton.py) and
+    whose dims are d and h cannot run on cuSPARSELt on this CUDA ``device`` ("" when it can)."""
     if torch.cuda.get_device_capability(device)[0] != 9:
-        return "F1 cuBLAS: the cuSPARSELt compressor is for sm90 only"
+        return "the cuSPARSELt compressor writes the sm90 layout only"
     if dtype not in (torch.bfloat16, torch.float16):
-        return f"F1 cuBLAS: cuSPARSELt F1 takes bf16/fp16, not {dtype}"
+        return f"cuSPARSELt takes bf16/fp16, not {str(dtype).removeprefix('torch.')}"
     if d % 64 or h % 64:
-        return f"F1 cuBLAS: d={d}, h={h} not multiples of 64 (cuSPARSELt pads them)"
+        return f"d={d}, h={h} not multiples of 64 (cuSPARSELt pads them)"
     return ""
 
 

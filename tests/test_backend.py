@@ -1,6 +1,7 @@
 """The compiled model: sparse numerics vs the oracle, dense phase bit-identical, no recompiles."""
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -57,6 +58,21 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
 
 def grads(model):
     return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def assert_compiled_matches_oracle(config: SparsityConfig, x: torch.Tensor, tol: float):
+    """torch.compile(Stack(), backend="sparse") with ``config`` against the eager oracle: the output
+    and every gradient of sum(y^2) equal to ``tol``. Returns the compile's report."""
+    model, ref_model = Stack().to(x.device), Stack().to(x.device)
+    compiled = torch.compile(model, backend="sparse", options=dataclasses.asdict(config))
+    y = compiled(x)
+    y.square().sum().backward()
+    y_ref = oracle_forward(ref_model, x, config)
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(y, y_ref, rtol=tol, atol=tol)
+    for k, g in grads(ref_model).items():
+        torch.testing.assert_close(grads(model)[k], g, rtol=tol, atol=tol, msg=k)
+    return compile_reports()[-1]
 
 
 CONFIGS = {

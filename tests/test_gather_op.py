@@ -1,8 +1,6 @@
 """The compact V:N:M op (Triton gather kernels) against the oracle, its dispatch, and a compiled
 model on it. On CPU the kernels run in the Triton interpreter (fp32/fp16, small shapes)."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -11,7 +9,7 @@ from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.dispatch import GATHER, W24, plan_kernels
 
 from .oracle import oracle_ffn
-from .test_backend import Stack, grads, oracle_forward
+from .test_backend import Stack, assert_compiled_matches_oracle
 from .test_op import assert_same_function, run_op
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,19 +116,7 @@ def test_vnm_op_rejects_partial_block():
 
 def test_compiled_model_on_gather_kernels():
     """torch.compile(backend='sparse', kernels='triton'): every site on the gather op, numbers = oracle."""
-    config = CONFIGS["16:2:8"]
-    model = Stack().to(DEVICE)
-    ref_model = Stack().to(DEVICE)
-    compiled = torch.compile(model, backend="sparse", options=dataclasses.asdict(config))
-    x = torch.randn(2, 16, 32, device=DEVICE)
-    y = compiled(x)
-    y.square().sum().backward()
-    y_ref = oracle_forward(ref_model, x, config)
-    y_ref.square().sum().backward()
-    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
-    for k, g in grads(ref_model).items():
-        torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-4, msg=k)
-    report = compile_reports()[-1]
+    report = assert_compiled_matches_oracle(CONFIGS["16:2:8"], torch.randn(2, 16, 32, device=DEVICE), 1e-4)
     assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
     assert GATHER in str(report)
 

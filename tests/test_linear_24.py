@@ -3,14 +3,12 @@
 On CPU every GEMM of linear_24 runs on F.linear (alg -1); the cuSPARSELt algorithms are checked on
 the GPU (tests/gpu/test_linear_24_gpu.py)."""
 
-import dataclasses
-
 import torch
 
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.dispatch import W24
 
-from .test_backend import Stack, grads, oracle_forward
+from .test_backend import Stack, assert_compiled_matches_oracle, grads
 
 
 def test_linear_24_op_matches_linear_and_its_gradients():
@@ -33,17 +31,7 @@ def test_linear_24_op_matches_linear_and_its_gradients():
 def test_compiled_model_on_2_4_weight_linears():
     """kernels='triton': both sites on linear_24, relu and square left to Inductor; numbers = oracle."""
     config = SparsityConfig(weights="2:4", kernels="triton")
-    model, ref_model = Stack(), Stack()
-    compiled = torch.compile(model, backend="sparse", options=dataclasses.asdict(config))
-    x = torch.randn(2, 16, 32)
-    y = compiled(x)
-    y.square().sum().backward()
-    y_ref = oracle_forward(ref_model, x, config)
-    y_ref.square().sum().backward()
-    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
-    for k, g in grads(ref_model).items():
-        torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-4, msg=k)
-    report = compile_reports()[-1]
+    report = assert_compiled_matches_oracle(config, torch.randn(2, 16, 32), 1e-4)
     assert [s.kernel for s in report.sparse_sites] == [W24, W24]
     assert all("cuSPARSELt needs a CUDA GPU" in s.record.reason for s in report.sparse_sites)
 
