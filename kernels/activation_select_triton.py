@@ -13,7 +13,8 @@ Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 The one-read kernel (_vnm_select_onchip_kernel) loads the whole [V, BLOCK_G*M] tile once, keeps it
 in registers, and takes the kept columns from it with tl.gather instead of reading them again;
-where that measured faster (ONCHIP_DEFAULT: V=128, M=8, 0.73-0.84 of copy) it is the default.
+where that measured faster (ONCHIP_DEFAULT: 128:x:8, 128:2:16, 64:2:8 at 0.74-0.89 of copy) it is
+the default.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
 summed in a different order, so only norms equal to within rounding can pick differently).
 """
@@ -30,10 +31,11 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # eviction hints on the two reads: 0.481 -> 0.460 ms (128:2:16), 0.595 -> 0.591 (128:2:8), same
 # output, never slower in 7 tilings (H100, bench/RESULTS.md 4l).
 EVICT_DEFAULT = True
-# (V, M) -> (groups per program, gather_z) of the one-read kernel, where it measured faster at
-# 16384 x 16384 on an H100 (bench/RESULTS.md 4m), 4 warps: 128:2:8 0.622 -> 0.492 ms (0.58 -> 0.73
-# of copy), 128:4:8 0.620 -> 0.430 (0.84). Not faster at 128:2:16 (0.463 vs 0.468) or 64:2:8.
-ONCHIP_DEFAULT = {(128, 8): (8, True)}
+# (V, M) -> groups per program of the one-read kernel where it is the default, 4 warps; at
+# 16384 x 16384 bf16 with bias on an H100 (bench/RESULTS.md 4n), against the two-read kernel:
+# 128:2:8 0.622 -> 0.425 ms (0.85 of copy), 128:4:8 0.620 -> 0.416 (0.86), 128:2:16 0.468 -> 0.366
+# (0.74), 64:2:8 0.582 -> 0.484 (0.75).
+ONCHIP_DEFAULT = {(128, 8): 8, (128, 16): 4, (64, 8): 16}
 
 
 @triton.jit
@@ -53,19 +55,72 @@ def _relu(z, bias, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _top4(norms, j, col_ok):
-    """The 4 columns of largest norm per group, ascending: c0..c3 [BLOCK_G] (within-group indices);
-    a column is "behind" each larger or equal-and-left one. norms [BLOCK_G, M_P], j = arange(M_P)."""
+def _chosen(norms, j, col_ok):
+    """Which columns are among the 4 of largest norm per group ([BLOCK_G, M_P] bool) and each chosen
+    column's place among them (0..3, ascending column); a column is "behind" each larger or
+    equal-and-left one. norms [BLOCK_G, M_P], j = arange(M_P)."""
     left = j[None, None, :] < j[None, :, None]  # [1, M_P(this), M_P(other)]: other is left of this
     a = norms[:, :, None]
     b = norms[:, None, :]
     chosen = (tl.sum(((b > a) | ((b == a) & left)).to(tl.int32), axis=2) < 4) & col_ok
-    pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)  # place among the group's 4
+    pos = tl.sum((chosen[:, None, :] & left).to(tl.int32), axis=2)
+    return chosen, pos
+
+
+@triton.jit
+def _top4(norms, j, col_ok):
+    """The 4 columns of largest norm per group, ascending, flat [4 * BLOCK_G]: c0 c1 c2 c3 of group 0,
+    then of group 1, ... (within-group indices)."""
+    chosen, pos = _chosen(norms, j, col_ok)
     c0 = tl.sum(tl.where(chosen & (pos == 0), j[None, :], 0), axis=1)
     c1 = tl.sum(tl.where(chosen & (pos == 1), j[None, :], 0), axis=1)
     c2 = tl.sum(tl.where(chosen & (pos == 2), j[None, :], 0), axis=1)
     c3 = tl.sum(tl.where(chosen & (pos == 3), j[None, :], 0), axis=1)
     return tl.reshape(_four(c0[None, :], c1[None, :], c2[None, :], c3[None, :]), (4 * norms.shape[0],))
+
+
+@triton.jit
+def _top4_groups(norms, j):
+    """The same 4 columns as [BLOCK_G, 4] (M a power of two, no padding)."""
+    chosen, pos = _chosen(norms, j, (j < norms.shape[1])[None, :])
+    hit = chosen[:, :, None] & (pos[:, :, None] == tl.arange(0, 4)[None, None, :])  # [BLOCK_G, M, 4]
+    return tl.sum(tl.where(hit, j[None, :, None], 0), axis=1)
+
+
+@triton.jit
+def _sqrelu16(z, b, HAS_BIAS: tl.constexpr):
+    """relu(z + b)^2 in z's 16-bit dtype, two elements per PTX instruction (sm80+): fma.rn(z, 1, b),
+    max(., 0), fma.rn(r, r, -0). Each rounds once to the 16-bit type, which gives the same bits as
+    _relu's float32 arithmetic rounded to it (float32 has at least 2p + 2 bits for p = 8 and 11).
+    b: bias broadcast to z's shape (unused without HAS_BIAS)."""
+    if z.dtype == tl.bfloat16:
+        if HAS_BIAS:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 one, zero, nzero, t; mov.b32 one, 0x3F803F80; mov.b32 zero, 0; "
+                "mov.b32 nzero, 0x80008000; fma.rn.bf16x2 t, $1, one, $2; max.bf16x2 t, t, zero; "
+                "fma.rn.bf16x2 $0, t, t, nzero; }",
+                "=r,r,r", [z, b], dtype=tl.bfloat16, is_pure=True, pack=2,
+            )  # fmt: skip
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 zero, nzero, t; mov.b32 zero, 0; mov.b32 nzero, 0x80008000; "
+                "max.bf16x2 t, $1, zero; fma.rn.bf16x2 $0, t, t, nzero; }",
+                "=r,r", [z], dtype=tl.bfloat16, is_pure=True, pack=2,
+            )  # fmt: skip
+    else:
+        if HAS_BIAS:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 one, zero, nzero, t; mov.b32 one, 0x3C003C00; mov.b32 zero, 0; "
+                "mov.b32 nzero, 0x80008000; fma.rn.f16x2 t, $1, one, $2; max.f16x2 t, t, zero; "
+                "fma.rn.f16x2 $0, t, t, nzero; }",
+                "=r,r,r", [z, b], dtype=tl.float16, is_pure=True, pack=2,
+            )  # fmt: skip
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 zero, nzero, t; mov.b32 zero, 0; mov.b32 nzero, 0x80008000; "
+                "max.f16x2 t, $1, zero; fma.rn.f16x2 $0, t, t, nzero; }",
+                "=r,r", [z], dtype=tl.float16, is_pure=True, pack=2,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -162,12 +217,12 @@ def _vnm_select_onchip_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
     G, stride_z, stride_c, stride_ids,
     V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GATHER_Z: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     """The same selection with Z read once: the whole [V, BLOCK_G * M] tile is held on chip and the
-    kept columns are taken from it with tl.gather (no second read). M a power of two, G % BLOCK_G == 0.
-    GATHER_Z: gather the 16-bit Z and redo relu on the kept columns, instead of gathering the float32
-    relu (tl.gather goes through shared memory: half the bytes)."""
+    kept columns are taken from it with tl.gather along M of its [V, BLOCK_G, M] view (no second
+    read). M a power of two, G % BLOCK_G == 0. ASM: relu^2 for the norms in packed 16-bit PTX
+    (_sqrelu16; CUDA, bf16/fp16), else in float32 as the two-read kernel does (same bits)."""
     tb = tl.program_id(0)
     g0 = tl.program_id(1) * BLOCK_G
     C: tl.constexpr = BLOCK_G * M
@@ -175,22 +230,24 @@ def _vnm_select_onchip_kernel(
     cols = g0 * M + tl.arange(0, C)
     dtype = hc_ptr.dtype.element_ty
     z = tl.load(z_ptr + rows[:, None].to(tl.int64) * stride_z + cols[None, :])
-    bias = tl.load(b_ptr + cols).to(tl.float32)[None, :] if HAS_BIAS else 0.0
-    r = _relu(z, bias, HAS_BIAS)
-    norms = tl.reshape(tl.sum((r * r).to(dtype).to(tl.float32), axis=0), (BLOCK_G, M))
-
-    j = tl.arange(0, M)
-    local = _top4(norms, j, (j < M)[None, :])
-    local = local + (tl.arange(0, 4 * BLOCK_G) // 4) * M  # column within the tile
+    if ASM:
+        bias = tl.broadcast_to(tl.load(b_ptr + cols)[None, :], (V, C)) if HAS_BIAS else z
+        h = _sqrelu16(z, bias, HAS_BIAS).to(tl.float32)
+    else:
+        bias = tl.load(b_ptr + cols).to(tl.float32)[None, :] if HAS_BIAS else 0.0
+        r = _relu(z, bias, HAS_BIAS)
+        h = (r * r).to(dtype).to(tl.float32)
+    kept = _top4_groups(tl.reshape(tl.sum(h, axis=0), (BLOCK_G, M)), tl.arange(0, M))  # [BLOCK_G, 4]
+    local = tl.reshape(kept + (tl.arange(0, BLOCK_G) * M)[:, None], (4 * BLOCK_G,))  # column within the tile
     out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, (local + g0 * M).to(tl.int32))
 
-    index = tl.broadcast_to(local[None, :], (V, 4 * BLOCK_G))
-    if GATHER_Z:
-        bias_c = tl.load(b_ptr + g0 * M + local).to(tl.float32)[None, :] if HAS_BIAS else 0.0
-        r = _relu(tl.gather(z, index, axis=1), bias_c, HAS_BIAS)
-    else:
-        r = tl.gather(r, index, axis=1)  # [V, 4 BLOCK_G]
+    # gathering along M (16 or 8 candidates) rather than along the whole tile row measured
+    # 0.464 -> 0.383 ms at 128:2:16 (H100, bench/RESULTS.md 4n): fewer layout conversions
+    index = tl.broadcast_to(kept[None, :, :], (V, BLOCK_G, 4))
+    z_k = tl.reshape(tl.gather(tl.reshape(z, (V, BLOCK_G, M)), index, axis=2), (V, 4 * BLOCK_G))
+    bias_k = tl.load(b_ptr + g0 * M + local).to(tl.float32)[None, :] if HAS_BIAS else 0.0
+    r = _relu(z_k, bias_k, HAS_BIAS)
     h = (r * r).to(dtype).to(tl.float32)
     if N < 4:
         keep = _keep_n(h, N)
@@ -212,7 +269,6 @@ def vnm_select_compact(
     num_warps: int = 4,
     evict: bool = EVICT_DEFAULT,
     onchip: bool | None = None,
-    gather_z: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
 
@@ -221,10 +277,9 @@ def vnm_select_compact(
     of Z asks L2 to keep it (evict_last) for the second, which releases it (evict_first).
     ``onchip``: the one-read kernel (the whole V-row tile held on chip, kept columns by tl.gather;
     ``rows`` unused), for power-of-two V and M with ``block_g`` dividing F/M; None: where it measured
-    faster (ONCHIP_DEFAULT); ``gather_z``: its tl.gather takes Z (16-bit) rather than relu(Z) (float32);
-    None: ONCHIP_DEFAULT's choice where that picked the kernel, else False.
+    faster (ONCHIP_DEFAULT, with its tiling unless ``block_g`` is given).
     """
-    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip, gather_z)
+    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip)
 
 
 def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,9 +289,7 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
     return x_c, ids
 
 
-def _select(
-    name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False, gather_z=None
-):
+def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False):
     """Check the inputs (errors name ``name``), pick the kernel and tiling, launch; (h_c, r_c, ids)."""
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
@@ -251,13 +304,12 @@ def _select(
     r_c = h_c if abs_score else torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     if onchip is None:
-        default_g, default_gz = ONCHIP_DEFAULT.get((v, m), (0, False))
-        onchip = default_g > 0 and (f // m) % default_g == 0 and block_g is None
+        default_g = ONCHIP_DEFAULT.get((v, m), 0)
+        onchip = default_g > 0 and (f // m) % default_g == 0 and block_g is None and rows is None
         if onchip:
             block_g = default_g
-            gather_z = default_gz if gather_z is None else gather_z
     if onchip:
-        block_g = block_g or max(1, 32 // m)
+        block_g = block_g or ONCHIP_DEFAULT.get((v, m)) or max(1, 64 // m)
         if abs_score or v & (v - 1) or m & (m - 1) or (f // m) % block_g:
             raise ValueError(
                 f"{name}(onchip=True): V={v} and M={m} must be powers of two and F/M={f // m} a multiple of "
@@ -265,7 +317,8 @@ def _select(
             )
         _vnm_select_onchip_kernel[(t // v, f // m // block_g)](
             z, bias if bias is not None else z, h_c, r_c, ids, f // m, z.stride(0), h_c.stride(0), ids.stride(0),
-            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, GATHER_Z=bool(gather_z), num_warps=num_warps,
+            V=v, N=n, M=m, BLOCK_G=block_g, HAS_BIAS=bias is not None, ASM=z.is_cuda and z.dtype != torch.float32,
+            num_warps=num_warps,
         )  # fmt: skip
         return h_c, r_c, ids
     m_p = triton.next_power_of_2(m)

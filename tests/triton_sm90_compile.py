@@ -49,12 +49,14 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M M_P ROWS BLOCK_G HAS_BIAS ABS "
         names += "KEEP DROP"
         cases.append((f"select {v}:{n}:{m}", select._vnm_select_kernel, _sig(names, ce, ptr), ce))
-    for v, n, m, block_g in [(128, 2, 16, 4), (128, 2, 8, 8)]:
-        for gather_z in (False, True):
-            ce = {"V": v, "N": n, "M": m, "BLOCK_G": block_g, "HAS_BIAS": True, "GATHER_Z": gather_z}
-            names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M BLOCK_G HAS_BIAS GATHER_Z"
+    for (v, m), block_g in select.ONCHIP_DEFAULT.items():
+        for dt, asm, bias in (("bf16", True, True), ("bf16", False, True), ("fp16", True, True), ("bf16", True, False)):
+            ce = {"V": v, "N": 2, "M": m, "BLOCK_G": block_g, "HAS_BIAS": bias, "ASM": asm}
+            names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M BLOCK_G HAS_BIAS ASM"
+            types = {k: f"*{dt}" for k in ("z_ptr", "b_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
             kernel = select._vnm_select_onchip_kernel
-            cases.append((f"select onchip {v}:{n}:{m} gather_z={gather_z}", kernel, _sig(names, ce, ptr), ce))
+            label = f"select onchip {v}:2:{m} {dt} asm={asm} bias={bias}"
+            cases.append((label, kernel, _sig(names, ce, types), ce))
     ce = {"ROWS": 16, "BLOCK_G": 64, "HAS_BIAS": True, "MASKED": True}
     names = (
         "z_ptr b_ptr val_ptr meta_ptr mask_out_ptr T G stride_z stride_v stride_m stride_o ROWS BLOCK_G HAS_BIAS MASKED"
