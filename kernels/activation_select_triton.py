@@ -87,40 +87,38 @@ def _top4_groups(norms, j):
     return tl.sum(tl.where(hit, j[None, :, None], 0), axis=1)
 
 
+def _sqrelu_ptx(kind: str, bias: bool) -> tl.constexpr:
+    """PTX for relu($1 + $2)^2 on a register of two packed 16-bit values (``kind`` bf16x2 or f16x2;
+    without ``bias``, relu($1)^2): fma.rn(z, 1, b), max(., 0), fma.rn(r, r, -0), each rounded once."""
+    one = {"bf16x2": "0x3F803F80", "f16x2": "0x3C003C00"}[kind]
+    relu = f"fma.rn.{kind} t, $1, one, $2; max.{kind} t, t, zero; " if bias else f"max.{kind} t, $1, zero; "
+    return tl.constexpr(
+        f"{{ .reg .b32 one, zero, nzero, t; mov.b32 one, {one}; mov.b32 zero, 0; mov.b32 nzero, 0x80008000; "
+        f"{relu}fma.rn.{kind} $0, t, t, nzero; }}"
+    )
+
+
+_PTX_BF16, _PTX_BF16_BIAS = _sqrelu_ptx("bf16x2", False), _sqrelu_ptx("bf16x2", True)
+_PTX_F16, _PTX_F16_BIAS = _sqrelu_ptx("f16x2", False), _sqrelu_ptx("f16x2", True)
+
+
 @triton.jit
 def _sqrelu16(z, b, HAS_BIAS: tl.constexpr):
-    """relu(z + b)^2 in z's 16-bit dtype, two elements per PTX instruction (sm80+): fma.rn(z, 1, b),
-    max(., 0), fma.rn(r, r, -0). Each rounds once to the 16-bit type, which gives the same bits as
-    _relu's float32 arithmetic rounded to it (float32 has at least 2p + 2 bits for p = 8 and 11).
-    b: bias broadcast to z's shape (unused without HAS_BIAS)."""
+    """relu(z + b)^2 in z's 16-bit dtype, two elements per PTX instruction (sm80+, _sqrelu_ptx). Each
+    step rounds once to the 16-bit type, which gives the same bits as _relu's float32 arithmetic
+    rounded to it (float32 has at least 2p + 2 bits for p = 8 and 11).
+    b: the bias broadcast to z's shape (unused without HAS_BIAS)."""
     if z.dtype == tl.bfloat16:
         if HAS_BIAS:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 one, zero, nzero, t; mov.b32 one, 0x3F803F80; mov.b32 zero, 0; "
-                "mov.b32 nzero, 0x80008000; fma.rn.bf16x2 t, $1, one, $2; max.bf16x2 t, t, zero; "
-                "fma.rn.bf16x2 $0, t, t, nzero; }",
-                "=r,r,r", [z, b], dtype=tl.bfloat16, is_pure=True, pack=2,
-            )  # fmt: skip
+            h = tl.inline_asm_elementwise(_PTX_BF16_BIAS, "=r,r,r", [z, b], tl.bfloat16, is_pure=True, pack=2)
         else:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 zero, nzero, t; mov.b32 zero, 0; mov.b32 nzero, 0x80008000; "
-                "max.bf16x2 t, $1, zero; fma.rn.bf16x2 $0, t, t, nzero; }",
-                "=r,r", [z], dtype=tl.bfloat16, is_pure=True, pack=2,
-            )  # fmt: skip
+            h = tl.inline_asm_elementwise(_PTX_BF16, "=r,r", [z], tl.bfloat16, is_pure=True, pack=2)
     else:
         if HAS_BIAS:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 one, zero, nzero, t; mov.b32 one, 0x3C003C00; mov.b32 zero, 0; "
-                "mov.b32 nzero, 0x80008000; fma.rn.f16x2 t, $1, one, $2; max.f16x2 t, t, zero; "
-                "fma.rn.f16x2 $0, t, t, nzero; }",
-                "=r,r,r", [z, b], dtype=tl.float16, is_pure=True, pack=2,
-            )  # fmt: skip
+            h = tl.inline_asm_elementwise(_PTX_F16_BIAS, "=r,r,r", [z, b], tl.float16, is_pure=True, pack=2)
         else:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 zero, nzero, t; mov.b32 zero, 0; mov.b32 nzero, 0x80008000; "
-                "max.f16x2 t, $1, zero; fma.rn.f16x2 $0, t, t, nzero; }",
-                "=r,r", [z], dtype=tl.float16, is_pure=True, pack=2,
-            )  # fmt: skip
+            h = tl.inline_asm_elementwise(_PTX_F16, "=r,r", [z], tl.float16, is_pure=True, pack=2)
+    return h
 
 
 @triton.jit
