@@ -6,7 +6,7 @@ Run by hand on H100/H200."""
 import pytest
 import torch
 
-from sparse_compile import SparsityConfig, compile_reports
+from sparse_compile import SparsityConfig
 from sparse_compile.dispatch import CSLT24
 from sparse_compile.kernels.act24_cslt_triton import (
     sqrelu_24_backward,
@@ -18,7 +18,7 @@ from sparse_compile.kernels.activation_24_triton import activation_24
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel
-from .test_gather_gpu import _poison, ffn_leaves, run_with_grads
+from .test_gather_gpu import _poison, ffn_leaves, run_with_grads, train_gpt
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)"),
@@ -74,42 +74,16 @@ def test_op_matches_reference_op_and_oracle(weights, dtype):
             assert _rel(got[0], y_oracle) < 1e-2
 
 
-def _train_gpt(kernels: str, perturb: bool = False) -> tuple[torch.Tensor, set[str], list[str]]:
-    """50 steps of a 4-block GPT on one batch, activations 2:4: (losses, site kernels, site notes);
-    ``perturb``: initial weights scaled by 1 + 2^-9 N(0, 1) (a bf16 rounding's size)."""
-    from bench.model import GPT, GPTConfig
-
-    idx = torch.randint(0, 256, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
-    if perturb:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + 2**-9 * torch.randn_like(p))
-    compiled = torch.compile(model, backend="sparse", options={"activations": "2:4", "kernels": kernels})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(50):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = compiled(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    sites = compile_reports()[-1].sparse_sites
-    return torch.tensor(losses), {s.kernel for s in sites}, [s.record.reason for s in sites]
-
-
 def test_gpt_trains_on_cusparselt_activations_like_on_reference_kernels():
     """The run memorizes its batch (5.6 -> 0.03), which amplifies rounding differences between runs
     in its steep middle; so: first steps equal to 2e-3, and every step within twice the gap that a
     bf16-rounding-sized perturbation of the initial weights opens in the reference run."""
-    fast, kernels, notes = _train_gpt("triton")  # cuSPARSELt even where cuBLAS measured faster
+    # kernels="triton": cuSPARSELt even where cuBLAS measured faster
+    fast, kernels, notes = train_gpt({"activations": "2:4", "kernels": "triton"})
     assert kernels == {CSLT24} and all("F2, B3 on cuSPARSELt alg" in n for n in notes), notes
-    ref, ref_kernels, _ = _train_gpt("reference")
+    ref, ref_kernels, _ = train_gpt({"activations": "2:4", "kernels": "reference"})
     assert ref_kernels == {"reference (cuda)"}
-    noise = (_train_gpt("reference", perturb=True)[0] - ref).abs().max().item()
+    noise = (train_gpt({"activations": "2:4", "kernels": "reference"}, perturb=True)[0] - ref).abs().max().item()
     assert fast[-1] < fast[0] - 1.0
     torch.testing.assert_close(fast[:3], ref[:3], rtol=2e-3, atol=0.0)
     gap = (fast - ref).abs().max().item()

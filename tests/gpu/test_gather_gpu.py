@@ -67,28 +67,39 @@ def test_gather_op_matches_reference_op_and_oracle(config, dtype, dense):
     assert _rel(outs["gather"][0], y_ref) < 1e-2
 
 
-def test_gpt_trains_on_gather_kernels_like_on_reference_kernels():
+def train_gpt(options: dict, perturb: bool = False) -> tuple[torch.Tensor, set[str], list[str]]:
+    """50 steps of a 4-block GPT on one batch under torch.compile(backend="sparse", options=options), bf16
+    autocast: (losses, the sites' kernels, the sites' notes). ``perturb``: initial weights scaled by
+    1 + 2^-9 N(0, 1) (a bf16 rounding's size)."""
     from bench.model import GPT, GPTConfig
 
     idx = torch.randint(0, 256, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
+    if perturb:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1 + 2**-9 * torch.randn_like(p))
+    compiled = torch.compile(model, backend="sparse", options=options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(50):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = compiled(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    sites = compile_reports()[-1].sparse_sites
+    return torch.tensor(losses), {s.kernel for s in sites}, [s.record.reason for s in sites]
+
+
+def test_gpt_trains_on_gather_kernels_like_on_reference_kernels():
     curves = {}
     for kernels in ("auto", "reference"):
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
-        compiled = torch.compile(model, backend="sparse", options={"activations": "128:2:8", "kernels": kernels})
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        losses = []
-        for _ in range(50):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                _, loss = compiled(idx[:, :-1], idx[:, 1:])
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        kernel_names = {s.kernel for s in compile_reports()[-1].sparse_sites}
+        curves[kernels], kernel_names, _ = train_gpt({"activations": "128:2:8", "kernels": kernels})
         assert kernel_names == ({GATHER} if kernels == "auto" else {"reference (cuda)"})
-        curves[kernels] = torch.tensor(losses)
     assert curves["auto"][-1] < curves["auto"][0] - 1.0
     torch.testing.assert_close(curves["auto"], curves["reference"], rtol=3e-2, atol=3e-2)
 
