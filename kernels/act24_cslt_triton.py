@@ -21,13 +21,13 @@ import triton.language as tl
 
 from sparse_compile.kernels.activation_mask import vnm_mask
 from sparse_compile.kernels.cslt_compress_triton import (
+    _band,
     _check,
-    _half_tile,
-    _kept_codes,
-    _nonzero_set,
+    _from_words,
+    _kept_code,
     _pick2,
     _split4,
-    _to_words16,
+    _to_words,
     _word_slots,
     cslt_compress_ref,
     meta_slots,
@@ -76,40 +76,34 @@ def _codes(buf: torch.Tensor, m: int, k: int) -> torch.Tensor:
 
 
 @triton.jit
-def _fwd_kernel(z_ptr, h_ptr, r_ptr, hmeta_ptr, rmeta_ptr, kept_ptr, K, TILES: tl.constexpr):
+def _fwd_kernel(z_ptr, h_ptr, r_ptr, hmeta_ptr, rmeta_ptr, K, TILES: tl.constexpr):
+    """One program: rows [64 b, +64) x TILES tiles of 32 columns, as whole row pieces (cslt_compress_triton)."""
     band = tl.program_id(0)
     tile0 = tl.program_id(1) * TILES
     dtype = z_ptr.dtype.element_ty
-    hwords = tl.zeros((32, TILES * 4), dtype=tl.int32)
-    rwords = tl.zeros((32, TILES * 4), dtype=tl.int32)
-    for half in tl.static_range(4):
-        rows, cols, vcols, shift = _half_tile(band, tile0, half, TILES)
-        z = tl.load(z_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
-        r = tl.maximum(z.to(tl.float32), 0.0)
-        h = (r * r).to(dtype).to(tl.float32)
-        h0, h1, h2, h3 = _split4(h, TILES)
-        r0, r1, r2, r3 = _split4(r, TILES)
-        # rank = #larger + #equal at a lower index; keep rank < 2; nonzero set of R~
-        k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < 2
-        k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < 2
-        k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < 2
-        k3 = (k0.to(tl.int32) + k1.to(tl.int32) + k2.to(tl.int32)) == 1
-        h0, h1, h2, h3 = tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0)
-        r0, r1, r2, r3 = tl.where(k0, r0, 0.0), tl.where(k1, r1, 0.0), tl.where(k2, r2, 0.0), tl.where(k3, r3, 0.0)
-        # stored positions: the nonzeros of H~ (of R~), padded by cuSPARSELt's rule
-        hcode = tl.load(kept_ptr + _nonzero_set(h0, h1, h2, h3))
-        rcode = tl.load(kept_ptr + _nonzero_set(r0, r1, r2, r3))
-        hv = _pick2(h0, h1, h2, h3, hcode, TILES)
-        rv = _pick2(r0, r1, r2, r3, rcode, TILES)
-        voff = rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :]
-        vok = (vcols < K // 2)[None, :]
-        tl.store(h_ptr + voff, hv.to(dtype), mask=vok)
-        tl.store(r_ptr + voff, rv.to(dtype), mask=vok)
-        hwords = hwords | hcode << shift
-        rwords = rwords | rcode << shift
+    rows, cols, vcols = _band(band, tile0, K, TILES)
+    z = tl.load(z_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
+    r = tl.maximum(z.to(tl.float32), 0.0)
+    h = (r * r).to(dtype).to(tl.float32)
+    h0, h1, h2, h3 = _split4(h)
+    r0, r1, r2, r3 = _split4(r)
+    # rank = #larger + #equal at a lower index; keep rank < 2; nonzero set of R~
+    k0 = ((h1 > h0).to(tl.int32) + (h2 > h0).to(tl.int32) + (h3 > h0).to(tl.int32)) < 2
+    k1 = ((h0 >= h1).to(tl.int32) + (h2 > h1).to(tl.int32) + (h3 > h1).to(tl.int32)) < 2
+    k2 = ((h0 >= h2).to(tl.int32) + (h1 >= h2).to(tl.int32) + (h3 > h2).to(tl.int32)) < 2
+    k3 = (k0.to(tl.int32) + k1.to(tl.int32) + k2.to(tl.int32)) == 1
+    h0, h1, h2, h3 = tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0)
+    r0, r1, r2, r3 = tl.where(k0, r0, 0.0), tl.where(k1, r1, 0.0), tl.where(k2, r2, 0.0), tl.where(k3, r3, 0.0)
+    # stored positions: the nonzeros of H~ (of R~), padded by cuSPARSELt's rule
+    hcode = _kept_code(h0, h1, h2, h3)
+    rcode = _kept_code(r0, r1, r2, r3)
+    voff = rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :]
+    vok = (vcols < K // 2)[None, :]
+    tl.store(h_ptr + voff, _pick2(h0, h1, h2, h3, hcode).to(dtype), mask=vok)
+    tl.store(r_ptr + voff, _pick2(r0, r1, r2, r3, rcode).to(dtype), mask=vok)
     slots, wok = _word_slots(band, tile0, K, TILES)
-    tl.store(hmeta_ptr + slots, _to_words16(hwords), mask=wok)
-    tl.store(rmeta_ptr + slots, _to_words16(rwords), mask=wok)
+    tl.store(hmeta_ptr + slots, _to_words(hcode, TILES), mask=wok)
+    tl.store(rmeta_ptr + slots, _to_words(rcode, TILES), mask=wok)
 
 
 @triton.jit
@@ -124,30 +118,28 @@ def _bwd_kernel(dh_ptr, r_ptr, rmeta_ptr, dzb_ptr, dzmeta_ptr, dz_ptr, h_ptr, K,
     tile0 = tl.program_id(1) * TILES
     dtype = dh_ptr.dtype.element_ty
     slots, wok = _word_slots(band, tile0, K, TILES)
-    words16 = tl.load(rmeta_ptr + slots, mask=wok, other=0)
-    tl.store(dzmeta_ptr + slots, words16, mask=wok)
-    words = words16.to(tl.int32) & 0xFFFF
-    for half in tl.static_range(4):
-        rows, cols, vcols, shift = _half_tile(band, tile0, half, TILES)
-        off = rows[:, None].to(tl.int64) * K + cols[None, :]
-        ok = (cols < K)[None, :]
-        voff = rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :]
-        vok = (vcols < K // 2)[None, :]
-        code = (words >> shift) & 15
-        d0, d1, d2, d3 = _split4(tl.load(dh_ptr + off, mask=ok, other=0.0), TILES)
-        rv0, rv1 = tl.split(tl.reshape(tl.load(r_ptr + voff, mask=vok, other=0.0), (32, TILES * 4, 2)))
-        dv0, dv1 = tl.split(tl.reshape(_pick2(d0, d1, d2, d3, code, TILES), (32, TILES * 4, 2)))
-        dz0 = (dv0.to(tl.float32) * (2.0 * rv0.to(tl.float32))).to(dtype)
-        dz1 = (dv1.to(tl.float32) * (2.0 * rv1.to(tl.float32))).to(dtype)
-        tl.store(dzb_ptr + voff, tl.reshape(tl.join(dz0, dz1), (32, TILES * 8)), mask=vok)
-        h0 = (rv0.to(tl.float32) * rv0.to(tl.float32)).to(dtype)
-        h1 = (rv1.to(tl.float32) * rv1.to(tl.float32)).to(dtype)
-        dz_even = tl.join(_at(code, dz0, dz1, 0), _at(code, dz0, dz1, 2))
-        dz_odd = tl.join(_at(code, dz0, dz1, 1), _at(code, dz0, dz1, 3))
-        tl.store(dz_ptr + off, tl.reshape(tl.join(dz_even, dz_odd), (32, TILES * 16)).to(dtype), mask=ok)
-        h_even = tl.join(_at(code, h0, h1, 0), _at(code, h0, h1, 2))
-        h_odd = tl.join(_at(code, h0, h1, 1), _at(code, h0, h1, 3))
-        tl.store(h_ptr + off, tl.reshape(tl.join(h_even, h_odd), (32, TILES * 16)).to(dtype), mask=ok)
+    words = tl.load(rmeta_ptr + slots, mask=wok, other=0)
+    tl.store(dzmeta_ptr + slots, words, mask=wok)
+    code = _from_words(words, TILES)  # [64, TILES * 8]
+    rows, cols, vcols = _band(band, tile0, K, TILES)
+    off = rows[:, None].to(tl.int64) * K + cols[None, :]
+    ok = (cols < K)[None, :]
+    voff = rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :]
+    vok = (vcols < K // 2)[None, :]
+    d0, d1, d2, d3 = _split4(tl.load(dh_ptr + off, mask=ok, other=0.0))
+    rv0, rv1 = tl.split(tl.reshape(tl.load(r_ptr + voff, mask=vok, other=0.0), (64, TILES * 8, 2)))
+    dv0, dv1 = tl.split(tl.reshape(_pick2(d0, d1, d2, d3, code), (64, TILES * 8, 2)))
+    dz0 = (dv0.to(tl.float32) * (2.0 * rv0.to(tl.float32))).to(dtype)
+    dz1 = (dv1.to(tl.float32) * (2.0 * rv1.to(tl.float32))).to(dtype)
+    tl.store(dzb_ptr + voff, tl.reshape(tl.join(dz0, dz1), (64, TILES * 16)), mask=vok)
+    h0 = (rv0.to(tl.float32) * rv0.to(tl.float32)).to(dtype)
+    h1 = (rv1.to(tl.float32) * rv1.to(tl.float32)).to(dtype)
+    dz_even = tl.join(_at(code, dz0, dz1, 0), _at(code, dz0, dz1, 2))
+    dz_odd = tl.join(_at(code, dz0, dz1, 1), _at(code, dz0, dz1, 3))
+    tl.store(dz_ptr + off, tl.reshape(tl.join(dz_even, dz_odd), (64, TILES * 32)).to(dtype), mask=ok)
+    h_even = tl.join(_at(code, h0, h1, 0), _at(code, h0, h1, 2))
+    h_odd = tl.join(_at(code, h0, h1, 1), _at(code, h0, h1, 3))
+    tl.store(h_ptr + off, tl.reshape(tl.join(h_even, h_odd), (64, TILES * 32)).to(dtype), mask=ok)
 
 
 def _grid(m: int, k: int, tiles: int) -> tuple[int, int]:
@@ -168,7 +160,7 @@ def sqrelu_24_compress(
     h_buf, h_meta = _buffer(m, k, z)
     r_buf, r_meta = _buffer(m, k, z)
     _fwd_kernel[_grid(m, k, tiles)](
-        z, h_buf, r_buf, h_meta, r_meta, _kept_codes(z.device), k, TILES=tiles, num_warps=num_warps
+        z, h_buf, r_buf, h_meta, r_meta, k, TILES=tiles, num_warps=num_warps
     )
     return h_buf, r_buf
 

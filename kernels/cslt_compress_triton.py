@@ -85,101 +85,109 @@ def cslt_compress_ref(a: torch.Tensor) -> torch.Tensor:
     return torch.cat([values.view(torch.int16), words]).view(a.dtype).reshape(m, k // 2 + k // 16)
 
 
-@triton.jit
-def _half_tile(band, tile0, half, TILES: tl.constexpr):
-    """Pass ``half`` = (r3, c2) of a program over rows [64 band, +64) x TILES tiles of 32 columns from
-    tile0: rows [32], columns [TILES * 16] of A, value columns [TILES * 8] of the [m, k/2] values, and
-    the shift of its codes in the [32, 4 TILES] int16 words (see the module docstring)."""
-    i = tl.arange(0, 32)  # r5 r4 r2 r1 r0 of the row within the band
-    q = tl.arange(0, TILES * 16)  # tile t = q // 16, column j = q % 16 inside the (r3, c2) half
-    v = tl.arange(0, TILES * 8)  # tile t = v // 8, kept value v % 8 of the half
-    r3 = half % 2
-    c2 = half // 2
-    rows = band * 64 + (i // 8) * 16 + r3 * 8 + i % 8
-    cols = (tile0 + q // 16) * 32 + c2 * 16 + q % 16
-    vcols = (tile0 + v // 8) * 16 + c2 * 8 + v % 8
-    return rows, cols, vcols, 4 * r3 + 8 * c2
+# _KEPT as one 64-bit constant, nibble s = the code (i0 | i1 << 2) of nonzero set s: a register shift
+# instead of a gathered table load, whose layout conversions cost ~60 barriers per program
+_KEPT64 = tl.constexpr(sum((i0 | i1 << 2) << (4 * s) for s, (i0, i1) in enumerate(_KEPT)))
 
 
 @triton.jit
-def _word_slots(band, tile0, K, TILES: tl.constexpr):
-    """int16 word offsets [32, 4 TILES] of a program's metadata, and which of them exist."""
-    i = tl.arange(0, 32)
-    g = tl.arange(0, TILES * 4)  # tile t = g // 4, group c_low = g % 4
-    tiles_k = K // 32
-    tile = band * tiles_k + tile0 + g // 4
-    slots = tile[None, :].to(tl.int64) * 128 + i[:, None] * 4 + (g % 4)[None, :]
-    return slots, ((tile0 + g // 4) < tiles_k)[None, :]
+def _band(band, tile0, K, TILES: tl.constexpr):
+    """A program's whole rows: rows [64] of band ``band``, columns [TILES * 32] of A from tile ``tile0``,
+    and their kept-value columns [TILES * 16] of the [m, k/2] values."""
+    rows = band * 64 + tl.arange(0, 64)
+    cols = tile0 * 32 + tl.arange(0, TILES * 32)
+    vcols = tile0 * 16 + tl.arange(0, TILES * 16)
+    return rows, cols, vcols
 
 
 @triton.jit
-def _split4(x, TILES: tl.constexpr):
-    """[32, TILES * 16] -> the 4 positions of its groups, 4 x [32, TILES * 4]."""
-    x02, x13 = tl.split(tl.reshape(x, (32, TILES * 4, 2, 2)))  # index 2a + b of [.., a, b]
+def _split4(x):
+    """[R, C] -> the 4 positions of its groups of 4 columns, 4 x [R, C/4]."""
+    x02, x13 = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 4, 2, 2)))  # index 2a + b of [.., a, b]
     x0, x2 = tl.split(x02)
     x1, x3 = tl.split(x13)
     return x0, x1, x2, x3
 
 
 @triton.jit
-def _pick2(x0, x1, x2, x3, code, TILES: tl.constexpr):
-    """The values at the code's positions i0 = code & 3 < i1 = code >> 2, as [32, TILES * 8]."""
+def _pick2(x0, x1, x2, x3, code):
+    """The values at the code's positions i0 = code & 3 < i1 = code >> 2, as [R, 2 G] (G groups)."""
     i0 = code & 3
     i1 = code >> 2
     v0 = tl.where(i0 == 0, x0, tl.where(i0 == 1, x1, x2))
     v1 = tl.where(i1 == 1, x1, tl.where(i1 == 2, x2, x3))
-    return tl.reshape(tl.join(v0, v1), (32, TILES * 8))
+    return tl.reshape(tl.join(v0, v1), (x0.shape[0], x0.shape[1] * 2))
 
 
 @triton.jit
-def _nonzero_set(x0, x1, x2, x3):
-    """Bit p set where position p of the group is nonzero (-0.0 counts as zero)."""
-    return (
-        (x0 != 0).to(tl.int32) | (x1 != 0).to(tl.int32) << 1 | (x2 != 0).to(tl.int32) << 2 | (x3 != 0).to(tl.int32) << 3
-    )
+def _kept_code(x0, x1, x2, x3):
+    """The code cuSPARSELt stores for each group: _KEPT of its nonzero set (-0.0 counts as zero)."""
+    nz = (x0 != 0).to(tl.int32) | (x1 != 0).to(tl.int32) << 1 | (x2 != 0).to(tl.int32) << 2
+    nz = nz | (x3 != 0).to(tl.int32) << 3
+    return ((tl.full(nz.shape, _KEPT64, tl.int64) >> (nz.to(tl.int64) * 4)) & 15).to(tl.int32)
 
 
 @triton.jit
-def _to_words16(words):
-    return tl.where(words >= 32768, words - 65536, words).to(tl.int16)
+def _word_slots(band, tile0, K, TILES: tl.constexpr):
+    """A program's metadata: int16 word offsets [TILES, 128] (tile, then 128 contiguous words), and
+    which tiles exist."""
+    t = tl.arange(0, TILES)
+    tiles_k = K // 32
+    slots = (band * tiles_k + tile0 + t)[:, None].to(tl.int64) * 128 + tl.arange(0, 128)[None, :]
+    return slots, ((tile0 + t) < tiles_k)[:, None]
 
 
 @triton.jit
-def _cslt_kernel(a_ptr, out_ptr, meta_ptr, kept_ptr, K, TILES: tl.constexpr):
-    """One program: rows [64 b, 64 b + 64) x TILES tiles of 32 columns; 4 passes (r3, c2) of
-    [32 rows, TILES * 16 columns], whose 4-bit codes land in the same [32, 4 * TILES] int16 words."""
+def _to_words(code, TILES: tl.constexpr):
+    """codes [64 rows, TILES * 8 groups] -> int16 words [TILES, 128]: row a*16 + r3*8 + b and group
+    t*8 + c2*4 + g set nibble 4 r3 + 8 c2 of word i*4 + g of tile t, i = a*8 + b (module docstring)."""
+    two = tl.arange(0, 2)
+    shift = (4 * two)[None, :, None, None, None, None] + (8 * two)[None, None, None, None, :, None]
+    w = tl.reshape(code, (4, 2, 8, TILES, 2, 4)) << shift
+    w = tl.sum(tl.sum(w, axis=4), axis=1)  # [4, 8, TILES, 4]; the nibbles are disjoint, so sum = or
+    w = tl.reshape(tl.permute(w, (2, 0, 1, 3)), (TILES, 128))
+    return tl.where(w >= 32768, w - 65536, w).to(tl.int16)
+
+
+@triton.jit
+def _from_words(words, TILES: tl.constexpr):
+    """int16 words [TILES, 128] -> codes [64 rows, TILES * 8 groups] (the inverse of _to_words)."""
+    w = tl.permute(tl.reshape(words.to(tl.int32) & 0xFFFF, (TILES, 4, 8, 4)), (1, 2, 0, 3))  # [4, 8, TILES, 4]
+    two = tl.arange(0, 2)
+    shift = (4 * two)[None, :, None, None, None, None] + (8 * two)[None, None, None, None, :, None]
+    code = (w[:, None, :, :, None, :] >> shift) & 15  # [4, 2, 8, TILES, 2, 4]
+    return tl.reshape(code, (64, TILES * 8))
+
+
+@triton.jit
+def _cslt_kernel(a_ptr, out_ptr, meta_ptr, K, TILES: tl.constexpr):
+    """One program: rows [64 b, 64 b + 64) x TILES tiles of 32 columns, loaded as whole row pieces
+    (TILES * 64 contiguous bytes); writes contiguous value rows and TILES whole metadata tiles."""
     band = tl.program_id(0)
     tile0 = tl.program_id(1) * TILES
-    words = tl.zeros((32, TILES * 4), dtype=tl.int32)
-    for half in tl.static_range(4):
-        rows, cols, vcols, shift = _half_tile(band, tile0, half, TILES)
-        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
-        x0, x1, x2, x3 = _split4(x, TILES)
-        code = tl.load(kept_ptr + _nonzero_set(x0, x1, x2, x3))  # i0 | i1 << 2
-        vals = _pick2(x0, x1, x2, x3, code, TILES)
-        vok = (vcols < K // 2)[None, :]
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :], vals, mask=vok)
-        words = words | code << shift
+    rows, cols, vcols = _band(band, tile0, K, TILES)
+    x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
+    x0, x1, x2, x3 = _split4(x)
+    code = _kept_code(x0, x1, x2, x3)
+    vok = (vcols < K // 2)[None, :]
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :], _pick2(x0, x1, x2, x3, code), mask=vok)
     slots, wok = _word_slots(band, tile0, K, TILES)
-    tl.store(meta_ptr + slots, _to_words16(words), mask=wok)
+    tl.store(meta_ptr + slots, _to_words(code, TILES), mask=wok)
 
 
-_KEPT_CODES: dict[torch.device, torch.Tensor] = {}
+# 8 tiles (64 x 256 per program), 8 warps: 0.294 ms at 16384 x 16384 bf16 on an H100, 0.95 of copy
+# (bench/RESULTS.md 4n; the other tilings of 2-8 tiles x 4-8 warps 0.299-0.313)
+TILES = 8
+NUM_WARPS = 8
 
 
-def _kept_codes(device: torch.device) -> torch.Tensor:
-    if device not in _KEPT_CODES:
-        _KEPT_CODES[device] = torch.tensor([i0 | i1 << 2 for i0, i1 in _KEPT], dtype=torch.int32, device=device)
-    return _KEPT_CODES[device]
-
-
-def cslt_compress_triton(a: torch.Tensor, tiles: int = 8, num_warps: int = 4) -> torch.Tensor:
+def cslt_compress_triton(a: torch.Tensor, tiles: int = TILES, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """The sm90 buffer of A (what torch._cslt_compress writes on Hopper), one Triton pass."""
     m, k = _check(a)
     out = torch.empty(m, k // 2 + k // 16, dtype=a.dtype, device=a.device)
     meta = out.view(-1).view(torch.int16)[m * k // 2 :]
     grid = (m // 64, triton.cdiv(k // 32, tiles))
-    _cslt_kernel[grid](a, out, meta, _kept_codes(a.device), k, TILES=tiles, num_warps=num_warps)
+    _cslt_kernel[grid](a, out, meta, k, TILES=tiles, num_warps=num_warps)
     return out
 
 

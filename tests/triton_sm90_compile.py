@@ -65,19 +65,18 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     cases.append(("activation 2:4", act24._act24_kernel, _sig(names, ce, types), ce))
     for dt in ("bf16", "fp16"):
         ce = {"TILES": 8}
-        types = {"a_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i16", "kept_ptr": "*i32"}
+        types = {"a_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i16"}
         cases.append(
             (
                 f"cuSPARSELt compress {dt}",
                 cslt._cslt_kernel,
-                _sig("a_ptr out_ptr meta_ptr kept_ptr K TILES", ce, types),
+                _sig("a_ptr out_ptr meta_ptr K TILES", ce, types),
                 ce,
             )
         )
         ce = {"TILES": 8}
         types = {n: f"*{dt}" for n in ("z_ptr", "h_ptr", "r_ptr")} | {"hmeta_ptr": "*i16", "rmeta_ptr": "*i16"}
-        types |= {"kept_ptr": "*i32"}
-        names = "z_ptr h_ptr r_ptr hmeta_ptr rmeta_ptr kept_ptr K TILES"
+        names = "z_ptr h_ptr r_ptr hmeta_ptr rmeta_ptr K TILES"
         cases.append((f"cuSPARSELt 2:4 sqrelu fwd {dt}", act24_cslt._fwd_kernel, _sig(names, ce, types), ce))
         types = {n: f"*{dt}" for n in ("dh_ptr", "r_ptr", "dzb_ptr", "dz_ptr", "h_ptr")}
         types |= {"rmeta_ptr": "*i16", "dzmeta_ptr": "*i16"}

@@ -145,3 +145,55 @@ def fwdB_kernel(z_ptr, h_ptr, r_ptr, hmeta_ptr, rmeta_ptr, kept_ptr, K, TILES: t
     slots, wok = _word_slots(band, tile0, K, TILES)
     tl.store(hmeta_ptr + slots, _to_words16(hwords), mask=wok)
     tl.store(rmeta_ptr + slots, _to_words16(rwords), mask=wok)
+
+
+@triton.jit
+def _split4r(x):
+    """[R, C] -> the 4 positions of its groups of 4 columns, 4 x [R, C/4]."""
+    x02, x13 = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 4, 2, 2)))
+    x0, x2 = tl.split(x02)
+    x1, x3 = tl.split(x13)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _pick2r(x0, x1, x2, x3, code):
+    """The values at the code's positions i0 = code & 3 < i1 = code >> 2, as [R, 2 G]."""
+    i0 = code & 3
+    i1 = code >> 2
+    v0 = tl.where(i0 == 0, x0, tl.where(i0 == 1, x1, x2))
+    v1 = tl.where(i1 == 1, x1, tl.where(i1 == 2, x2, x3))
+    return tl.reshape(tl.join(v0, v1), (x0.shape[0], x0.shape[1] * 2))
+
+
+@triton.jit
+def _store_words_rows(meta_ptr, code, band, tile0, K, TILES: tl.constexpr):
+    """code [64 rows, TILES * 8 groups] of a band -> its int16 words: row a*16 + r3*8 + b, group
+    t*8 + c2*4 + g sets nibble 4 r3 + 8 c2 of word (tile t, i = a*8 + b, g) at slot t*128 + i*4 + g."""
+    c6 = tl.reshape(code, (4, 2, 8, TILES, 2, 4))
+    two = tl.arange(0, 2)
+    shift = (4 * two)[None, :, None, None, None, None] + (8 * two)[None, None, None, None, :, None]
+    w = tl.sum(tl.sum(c6 << shift, axis=4), axis=1)  # [4, 8, TILES, 4]: disjoint nibbles, so sum = or
+    w = tl.reshape(tl.permute(w, (2, 0, 1, 3)), (TILES, 128))
+    t = tl.arange(0, TILES)
+    tiles_k = K // 32
+    slots = (band * tiles_k + tile0 + t)[:, None].to(tl.int64) * 128 + tl.arange(0, 128)[None, :]
+    tl.store(meta_ptr + slots, _to_words16(w), mask=((tile0 + t) < tiles_k)[:, None])
+
+
+@triton.jit
+def cslt_rows_kernel(a_ptr, out_ptr, meta_ptr, kept_ptr, K, TILES: tl.constexpr):
+    """Whole rows: one program loads [64 rows, TILES * 32 columns] at once (contiguous 64 TILES-byte row
+    pieces) and writes contiguous value rows and whole metadata tiles."""
+    band = tl.program_id(0)
+    tile0 = tl.program_id(1) * TILES
+    C: tl.constexpr = TILES * 32
+    rows = band * 64 + tl.arange(0, 64)
+    cols = tile0 * 32 + tl.arange(0, C)
+    x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(cols < K)[None, :], other=0.0)
+    x0, x1, x2, x3 = _split4r(x)
+    code = _code(_nonzero_set(x0, x1, x2, x3), TABLE64)
+    vals = _pick2r(x0, x1, x2, x3, code)
+    vcols = tile0 * 16 + tl.arange(0, C // 2)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :], vals, mask=(vcols < K // 2)[None, :])
+    _store_words_rows(meta_ptr, code, band, tile0, K, TILES)
