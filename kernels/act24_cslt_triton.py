@@ -33,11 +33,11 @@ from sparse_compile.kernels.cslt_compress_triton import (
     meta_slots,
 )
 
-# tiles of 32 columns per program ([32, 128] loads per pass) and warps: the fastest of TILES 2-16 x
-# warps 2-8 at T = h = 16384 on an H100 for the forward (0.71 ms; 4 warps 0.79), within 2% of the
-# fastest for the backward (1.047 vs 1.034 ms; bench/RESULTS.md 4m)
-TILES = 8
-NUM_WARPS = 8
+# (tiles of 32 columns per program, warps): the fastest of TILES 2-16 x warps 2-8 at T = h = 16384 on
+# an H100 (bench/RESULTS.md 4n): forward (8, 8) 0.495 ms, 0.77 of copy (next: (2, 8) 0.537);
+# backward (4, 8) 0.838 ms, 0.88 (next: (8, 4) 0.870)
+FWD_TILES, FWD_WARPS = 8, 8
+BWD_TILES, BWD_WARPS = 4, 8
 
 
 def sqrelu_24_compress_ref(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,20 +153,18 @@ def _buffer(m: int, k: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def sqrelu_24_compress(
-    z: torch.Tensor, tiles: int = TILES, num_warps: int = NUM_WARPS
+    z: torch.Tensor, tiles: int = FWD_TILES, num_warps: int = FWD_WARPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``sqrelu_24_compress_ref``: (h_buf, r_buf), one pass over Z."""
     m, k = _check(z)
     h_buf, h_meta = _buffer(m, k, z)
     r_buf, r_meta = _buffer(m, k, z)
-    _fwd_kernel[_grid(m, k, tiles)](
-        z, h_buf, r_buf, h_meta, r_meta, k, TILES=tiles, num_warps=num_warps
-    )
+    _fwd_kernel[_grid(m, k, tiles)](z, h_buf, r_buf, h_meta, r_meta, k, TILES=tiles, num_warps=num_warps)
     return h_buf, r_buf
 
 
 def sqrelu_24_backward(
-    dh: torch.Tensor, r_buf: torch.Tensor, tiles: int = TILES, num_warps: int = NUM_WARPS
+    dh: torch.Tensor, r_buf: torch.Tensor, tiles: int = BWD_TILES, num_warps: int = BWD_WARPS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of ``sqrelu_24_backward_ref``: (dz_buf, dz, h), one pass over dH."""
     m, k = _check(dh)
