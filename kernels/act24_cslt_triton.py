@@ -76,8 +76,9 @@ def _codes(buf: torch.Tensor, m: int, k: int) -> torch.Tensor:
 
 
 @triton.jit
-def _fwd_kernel(z_ptr, h_ptr, r_ptr, hmeta_ptr, rmeta_ptr, K, TILES: tl.constexpr):
-    """One program: rows [64 b, +64) x TILES tiles of 32 columns, as whole row pieces (cslt_compress_triton)."""
+def _fwd_kernel(z_ptr, h_ptr, r_ptr, hmeta_ptr, rmeta_ptr, K, TILES: tl.constexpr, DENSE_H: tl.constexpr):
+    """One program: rows [64 b, +64) x TILES tiles of 32 columns, as whole row pieces (cslt_compress_triton).
+    DENSE_H: H~ written dense [T, h] to h_ptr (for F2 on cuBLAS) instead of as a buffer."""
     band = tl.program_id(0)
     tile0 = tl.program_id(1) * TILES
     dtype = z_ptr.dtype.element_ty
@@ -95,15 +96,20 @@ def _fwd_kernel(z_ptr, h_ptr, r_ptr, hmeta_ptr, rmeta_ptr, K, TILES: tl.constexp
     h0, h1, h2, h3 = tl.where(k0, h0, 0.0), tl.where(k1, h1, 0.0), tl.where(k2, h2, 0.0), tl.where(k3, h3, 0.0)
     r0, r1, r2, r3 = tl.where(k0, r0, 0.0), tl.where(k1, r1, 0.0), tl.where(k2, r2, 0.0), tl.where(k3, r3, 0.0)
     # stored positions: the nonzeros of H~ (of R~), padded by cuSPARSELt's rule
-    hcode = _kept_code(h0, h1, h2, h3)
     rcode = _kept_code(r0, r1, r2, r3)
     voff = rows[:, None].to(tl.int64) * (K // 2) + vcols[None, :]
     vok = (vcols < K // 2)[None, :]
-    tl.store(h_ptr + voff, _pick2(h0, h1, h2, h3, hcode).to(dtype), mask=vok)
     tl.store(r_ptr + voff, _pick2(r0, r1, r2, r3, rcode).to(dtype), mask=vok)
     slots, wok = _word_slots(band, tile0, K, TILES)
-    tl.store(hmeta_ptr + slots, _to_words(hcode, TILES), mask=wok)
     tl.store(rmeta_ptr + slots, _to_words(rcode, TILES), mask=wok)
+    if DENSE_H:
+        h = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (64, TILES * 32))  # index 2a + b of [.., a, b]
+        off = rows[:, None].to(tl.int64) * K + cols[None, :]
+        tl.store(h_ptr + off, h.to(dtype), mask=(cols < K)[None, :])
+    else:
+        hcode = _kept_code(h0, h1, h2, h3)
+        tl.store(h_ptr + voff, _pick2(h0, h1, h2, h3, hcode).to(dtype), mask=vok)
+        tl.store(hmeta_ptr + slots, _to_words(hcode, TILES), mask=wok)
 
 
 @triton.jit
@@ -153,14 +159,18 @@ def _buffer(m: int, k: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def sqrelu_24_compress(
-    z: torch.Tensor, tiles: int = FWD_TILES, num_warps: int = FWD_WARPS
+    z: torch.Tensor, tiles: int = FWD_TILES, num_warps: int = FWD_WARPS, dense_h: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of ``sqrelu_24_compress_ref``: (h_buf, r_buf), one pass over Z."""
+    """Triton version of ``sqrelu_24_compress_ref``: (h_buf, r_buf), one pass over Z. ``dense_h``: H~
+    dense [T, h] in place of h_buf (what F2 on cuBLAS reads; bit-identical to
+    ``activation_24(z, masked=True)[2]``), r_buf unchanged."""
     m, k = _check(z)
-    h_buf, h_meta = _buffer(m, k, z)
+    h_out, h_meta = (torch.empty_like(z), z) if dense_h else _buffer(m, k, z)
     r_buf, r_meta = _buffer(m, k, z)
-    _fwd_kernel[_grid(m, k, tiles)](z, h_buf, r_buf, h_meta, r_meta, k, TILES=tiles, num_warps=num_warps)
-    return h_buf, r_buf
+    _fwd_kernel[_grid(m, k, tiles)](
+        z, h_out, r_buf, h_meta, r_meta, k, TILES=tiles, DENSE_H=dense_h, num_warps=num_warps
+    )
+    return h_out, r_buf
 
 
 def sqrelu_24_backward(

@@ -10,15 +10,14 @@ Same math as kernels/ffn_reference.py with the V:N:M pattern 1:2:4, GEMM by GEMM
   B2  dW2 = dY^T H~, B4 dW1 = dZ~^T X   exact, cuBLAS on the dense masked operands (2:4 along h is
                                     not along these GEMMs' K = T), or the token-dim approximation
 Between forward and backward only r_buf [T, h/2 + h/16] is kept. With algorithm -1 (cuSPARSELt
-measured slower at the site's shape) F2 runs on cuBLAS over the dense H~ (activation_24_triton.py,
-a second pass over Z) and B3 over the dense dZ~ the backward pass writes anyway.
+measured slower at the site's shape) the same pass writes the dense H~ instead of h_buf, F2 runs on
+cuBLAS over it, and B3 over the dense dZ~ the backward pass writes anyway.
 """
 
 import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_backward, sqrelu_24_compress
-from sparse_compile.kernels.activation_24_triton import activation_24
 from sparse_compile.kernels.ffn_reference import weight_grads
 
 
@@ -39,9 +38,10 @@ def sqrelu_ffn_forward_24(
         from sparse_compile.f1_choice import sparse_f1
 
         z = sparse_f1(x, w1, b1, f1_alg)
-    h_buf, r_buf = sqrelu_24_compress(z)
     if alg < 0:
-        return F.linear(activation_24(z, masked=True)[2], w2, b2), r_buf
+        h, r_buf = sqrelu_24_compress(z, dense_h=True)
+        return F.linear(h, w2, b2), r_buf
+    h_buf, r_buf = sqrelu_24_compress(z)
     del z
     y = torch._cslt_sparse_mm(h_buf, w2.t().contiguous(), alg_id=alg)  # cuSPARSELt's bias is per row of H~
     if b2 is not None:

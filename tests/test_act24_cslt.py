@@ -13,6 +13,7 @@ from sparse_compile.kernels.act24_cslt_triton import (
     sqrelu_24_compress,
     sqrelu_24_compress_ref,
 )
+from sparse_compile.kernels.activation_24_triton import activation_24_ref
 from sparse_compile.kernels.cslt_compress_triton import cslt_compress_ref, random_24
 from sparse_compile.kernels.ffn_reference import sqrelu_ffn_backward_ref
 
@@ -38,6 +39,18 @@ def test_forward_equals_reference(t, h, dtype, ties):
     z = _z(t, h, dtype, ties)
     for name, got, want in zip(("h_buf", "r_buf"), sqrelu_24_compress(z), sqrelu_24_compress_ref(z), strict=True):
         assert _bits_equal(got, want), name
+
+
+@pytest.mark.parametrize("t, h", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ties", [False, True], ids=["randn", "ties"])
+def test_forward_dense_h_equals_the_masked_activation(t, h, dtype, ties):
+    """dense_h=True (F2 on cuBLAS): H~ dense, bit for bit the 2:4 kernel's masked H~ (whose own
+    reference is the 2:4 mask of relu(Z)^2), and the same r_buf."""
+    z = _z(t, h, dtype, ties)
+    h_dense, r_buf = sqrelu_24_compress(z, dense_h=True)
+    assert _bits_equal(h_dense, activation_24_ref(z, masked=True)[2])
+    assert _bits_equal(r_buf, sqrelu_24_compress_ref(z)[1])
 
 
 @pytest.mark.parametrize("t, h", SHAPES)

@@ -74,10 +74,13 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
                 ce,
             )
         )
-        ce = {"TILES": 8}
         types = {n: f"*{dt}" for n in ("z_ptr", "h_ptr", "r_ptr")} | {"hmeta_ptr": "*i16", "rmeta_ptr": "*i16"}
-        names = "z_ptr h_ptr r_ptr hmeta_ptr rmeta_ptr K TILES"
-        cases.append((f"cuSPARSELt 2:4 sqrelu fwd {dt}", act24_cslt._fwd_kernel, _sig(names, ce, types), ce))
+        names = "z_ptr h_ptr r_ptr hmeta_ptr rmeta_ptr K TILES DENSE_H"
+        for dense_h in (False, True):
+            ce = {"TILES": 8, "DENSE_H": dense_h}
+            label = f"cuSPARSELt 2:4 sqrelu fwd {dt}" + (" dense H" if dense_h else "")
+            cases.append((label, act24_cslt._fwd_kernel, _sig(names, ce, types), ce))
+        ce = {"TILES": 8}
         types = {n: f"*{dt}" for n in ("dh_ptr", "r_ptr", "dzb_ptr", "dz_ptr", "h_ptr")}
         types |= {"rmeta_ptr": "*i16", "dzmeta_ptr": "*i16"}
         names = "dh_ptr r_ptr rmeta_ptr dzb_ptr dzmeta_ptr dz_ptr h_ptr K TILES"

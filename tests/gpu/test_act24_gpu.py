@@ -43,6 +43,8 @@ def test_kernels_bit_exact(t, h, dtype):
     want_h, want_r = sqrelu_24_compress_ref(z)
     assert _bits_equal(h_buf, want_h) and _bits_equal(r_buf, want_r)
     assert _bits_equal(h_buf, torch._cslt_compress(activation_24(z, masked=True)[2])), "vs cuSPARSELt"
+    h_dense, r_again = sqrelu_24_compress(z, dense_h=True)  # the F2-on-cuBLAS form
+    assert _bits_equal(h_dense, activation_24(z, masked=True)[2]) and _bits_equal(r_again, want_r)
     dh = torch.randn(t, h, device="cuda", generator=g).to(dtype)
     _poison()
     got, want = sqrelu_24_backward(dh, r_buf), sqrelu_24_backward_ref(dh, r_buf)
