@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_backward, sqrelu_24_compress
 from sparse_compile.kernels.ffn_reference import weight_grads
+from sparse_compile.kernels.transpose_triton import transpose_copy
 
 
 def sqrelu_ffn_forward_24(
@@ -43,7 +44,7 @@ def sqrelu_ffn_forward_24(
         return F.linear(h, w2, b2), r_buf
     h_buf, r_buf = sqrelu_24_compress(z)
     del z
-    y = torch._cslt_sparse_mm(h_buf, w2.t().contiguous(), alg_id=alg)  # cuSPARSELt's bias is per row of H~
+    y = torch._cslt_sparse_mm(h_buf, transpose_copy(w2), alg_id=alg)  # cuSPARSELt's bias is per row of H~
     if b2 is not None:
         y += b2
     return y, r_buf

@@ -22,6 +22,7 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+from sparse_compile.kernels.transpose_triton import transpose_copy
 from sparse_compile.kernels.weight_grad_gather import gather_supports, token_vnm_grad_gather
 
 
@@ -58,7 +59,7 @@ def sqrelu_ffn_forward_gather(
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
     else:
-        y = gather_k_mm(h_c, ids, w2.t().contiguous(), v, b2)
+        y = gather_k_mm(h_c, ids, transpose_copy(w2), v, b2)
     return y, r_c, ids
 
 
@@ -83,7 +84,7 @@ def sqrelu_ffn_backward_gather(
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
-        dz_c = gather_n_mm(dy, w2.t().contiguous(), ids, v, r_c)
+        dz_c = gather_n_mm(dy, transpose_copy(w2), ids, v, r_c)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h

@@ -31,6 +31,7 @@ from sparse_compile.kernels import activation_select_triton as select  # noqa: E
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import cslt_compress_triton as cslt  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
+from sparse_compile.kernels import transpose_triton as transpose  # noqa: E402
 from sparse_compile.kernels import weight_mask_pairs_triton as wpairs  # noqa: E402
 from sparse_compile.kernels import weight_mask_triton as wmask  # noqa: E402
 
@@ -89,6 +90,10 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
     cases.append(("scatter", scatter._scatter_kernel, _sig(names, ce, types), ce))
+    ce = {"BLOCK": transpose.BLOCK}
+    types = {"a_ptr": "*bf16", "out_ptr": "*bf16"}
+    names = "a_ptr out_ptr R C stride_a stride_o BLOCK"
+    cases.append(("transpose", transpose._transpose_kernel, _sig(names, ce, types), ce))
     for dt in ("fp32", "bf16"):
         ce = {"TILES": 64, "P": 128, "NUM_PATTERNS": 90, "WRITE_MASK": True}
         names = "s_ptr w_ptr out_ptr mask_ptr p_ptr bits_ptr TILE_ROWS TILE_COLS stride_s stride_w stride_o stride_m "
@@ -123,7 +128,15 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     return cases
 
 
-VECTORIZED = ("select 128:2:16", "select 64:2:8", "activation 2:4", "cuSPARSELt", "transposable 2:4 pairs", "gather")
+VECTORIZED = (
+    "select 128:2:16",
+    "select 64:2:8",
+    "activation 2:4",
+    "cuSPARSELt",
+    "transposable 2:4 pairs",
+    "gather",
+    "transpose",
+)
 # The selection kernel's second pass reads only the 4 kept columns of each M-group (a gather at the
 # ids, 4 scalar loads per group and row, all inside the group's 32-byte sector).
 GATHERED_LOADS = ("select",)
