@@ -36,3 +36,13 @@ def transpose_copy(a: torch.Tensor, block: int = BLOCK, num_warps: int = 4) -> t
             a, out, r, c, a.stride(0), out.stride(0), BLOCK=block, num_warps=num_warps
         )
     return out
+
+
+def row_major(w: torch.Tensor) -> torch.Tensor:
+    """``w.contiguous()``, with a transposed view of a row-major tensor (``w.t()`` of one, as the
+    backward of a linear passes) copied by transpose_copy instead of torch's strided copy."""
+    if w.is_contiguous():
+        return w
+    if w.dim() == 2 and w.stride(0) == 1:
+        return transpose_copy(w.t())
+    return w.contiguous()

@@ -105,5 +105,6 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
 def sparse_f1(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, alg: int) -> torch.Tensor:
     """Z = X W~1^T + b1 through cuSPARSELt (W~1 [h, d] 2:4 along d, compressed here)."""
     from sparse_compile.kernels.cslt_compress_triton import cslt_compress
+    from sparse_compile.kernels.transpose_triton import row_major
 
-    return torch._cslt_sparse_mm(cslt_compress(w1.contiguous()), x.t(), bias=b1, transpose_result=True, alg_id=alg)
+    return torch._cslt_sparse_mm(cslt_compress(row_major(w1)), x.t(), bias=b1, transpose_result=True, alg_id=alg)

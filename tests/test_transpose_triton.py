@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparse_compile.kernels.transpose_triton import transpose_copy
+from sparse_compile.kernels.transpose_triton import row_major, transpose_copy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -26,3 +26,12 @@ def test_row_slice_with_a_longer_stride():
 def test_rejects_column_strided_input():
     with pytest.raises(ValueError, match="unit column stride"):
         transpose_copy(torch.randn(8, 16, device=DEVICE).t())
+
+
+def test_row_major_of_views():
+    """Contiguous input comes back as is; a transposed view through the kernel; other strides via torch."""
+    a = torch.randn(64, 96, device=DEVICE)
+    assert row_major(a) is a
+    for view in (a.t(), a[:, ::2], a.t()[:, :40]):
+        got = row_major(view)
+        assert got.is_contiguous() and torch.equal(got, view.contiguous())
