@@ -17,8 +17,8 @@ from sparse_compile.kernels.act24_cslt_triton import (
 from sparse_compile.kernels.activation_24_triton import activation_24
 
 from ..oracle import oracle_ffn
-from .test_cuda_reference import _rel
-from .test_gather_gpu import _poison, ffn_leaves, run_with_grads, train_gpt
+from .test_cuda_reference import _rel, train_gpt
+from .test_gather_gpu import _poison, ffn_leaves, run_with_grads
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)"),

@@ -62,22 +62,36 @@ def test_compiled_cuda_model_sparse_vs_oracle_and_dense_bit_identical():
     assert [s.kernel for s in report.sparse_sites] == [GATHER] * 2  # venom, bf16, T % 64 == 0
 
 
-def test_gpt_trains_on_cuda_with_the_sparse_backend():
+def train_gpt(options: dict, perturb: bool = False, steps: int = 50) -> tuple[torch.Tensor, set[str], list[str]]:
+    """``steps`` steps of a 4-block GPT on one batch under torch.compile(backend="sparse", options=options), bf16
+    autocast: (losses, the sites' kernels, the sites' notes). ``perturb``: initial weights scaled by
+    1 + 2^-9 N(0, 1) (a bf16 rounding's size)."""
     from bench.model import GPT, GPTConfig
 
+    idx = torch.randint(0, 256, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
-    compiled = torch.compile(model, backend="sparse")
+    if perturb:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1 + 2**-9 * torch.randn_like(p))
+    compiled = torch.compile(model, backend="sparse", options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx = torch.randint(0, 256, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     losses = []
-    for _ in range(30):
+    for _ in range(steps):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             _, loss = compiled(idx[:, :-1], idx[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+    sites = compile_reports()[-1].sparse_sites
+    return torch.tensor(losses), {s.kernel for s in sites}, [s.record.reason for s in sites]
+
+
+def test_gpt_trains_on_cuda_with_the_sparse_backend():
+    losses, _, notes = train_gpt({}, steps=30)  # the default config
     assert losses[-1] < losses[0] - 1.0  # memorizes the one batch
-    assert len(compile_reports()[-1].sparse_sites) == 4
+    assert len(notes) == 4
     assert sparse_compile.phase() == "sparse"

@@ -4,11 +4,11 @@ op and the oracle; a compiled GPT trains on it like on the reference kernels. Ru
 import pytest
 import torch
 
-from sparse_compile import SparsityConfig, compile_reports
+from sparse_compile import SparsityConfig
 from sparse_compile.dispatch import GATHER
 
 from ..oracle import oracle_ffn
-from .test_cuda_reference import _rel
+from .test_cuda_reference import _rel, train_gpt
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)")
 
@@ -65,34 +65,6 @@ def test_gather_op_matches_reference_op_and_oracle(config, dtype, dense):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert _rel(a, b) < 1e-2, f"output {i}: gather vs reference op"
     assert _rel(outs["gather"][0], y_ref) < 1e-2
-
-
-def train_gpt(options: dict, perturb: bool = False) -> tuple[torch.Tensor, set[str], list[str]]:
-    """50 steps of a 4-block GPT on one batch under torch.compile(backend="sparse", options=options), bf16
-    autocast: (losses, the sites' kernels, the sites' notes). ``perturb``: initial weights scaled by
-    1 + 2^-9 N(0, 1) (a bf16 rounding's size)."""
-    from bench.model import GPT, GPTConfig
-
-    idx = torch.randint(0, 256, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
-    if perturb:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + 2**-9 * torch.randn_like(p))
-    compiled = torch.compile(model, backend="sparse", options=options)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(50):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = compiled(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    sites = compile_reports()[-1].sparse_sites
-    return torch.tensor(losses), {s.kernel for s in sites}, [s.record.reason for s in sites]
 
 
 def test_gpt_trains_on_gather_kernels_like_on_reference_kernels():
