@@ -12,11 +12,19 @@ argument marked divisible by 16, which is how Triton specializes a launch on our
 strides. The second compile's PTX shows the real memory instructions; the kernels in VECTORIZED
 must not load or store 16-bit elements one at a time (ld/st.global.b16): scalar accesses cost
 2.5-4.5x in two kernels before (bench/RESULTS.md 4i), and nothing else catches them on a CPU.
+
+Where Triton ships cuobjdump, each line also gives the sm90 SASS: registers per thread, instructions
+and barriers (for a kernel without loops the instruction count is what every thread executes), at
+Triton's default 4 warps, not each kernel's launch setting (the fused 2:4 kernels run at 8 warps; at
+4 they spill). Both large kernel wins of bench/RESULTS.md 4n were found from such counts before any
+GPU time.
 """
 
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from collections import Counter
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -148,6 +156,22 @@ def memory_ops(ptx: str) -> Counter:
     return Counter(re.findall(r"(?:ld|st)\.global(?:\.(?:\w|::)+)*", ptx))
 
 
+def sass_counts(cubin: bytes) -> str:
+    """A cubin's registers per thread, SASS instructions and barriers as text ("" without cuobjdump)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    regs = re.search(r"REG:(\d+)", usage)
+    barriers = sum("BAR.SYNC" in line for line in lines)
+    return f"regs {regs.group(1) if regs else '?'}, SASS {len(lines)} instructions, {barriers} barriers; "
+
+
 def main() -> int:
     failed = 0
     target = GPUTarget("cuda", 90, 32)
@@ -159,13 +183,14 @@ def main() -> int:
                 for i, n in enumerate(signature)
                 if signature[n] != "constexpr" and not signature[n].startswith("tensordesc")
             }
-            ptx = triton.compile(
+            compiled = triton.compile(
                 ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target
-            ).asm["ptx"]
+            )
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAILED  {name}: {type(e).__name__}: {str(e)[:2000]}")
             continue
+        ptx, sass = compiled.asm["ptx"], sass_counts(compiled.asm["cubin"])
         ops = memory_ops(ptx)
         scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
         if name.startswith(GATHERED_LOADS):  # their gathered reads are scalar by design; stores must not be
@@ -174,7 +199,7 @@ def main() -> int:
             failed += 1
             print(f"FAILED  {name}: scalar 16-bit global accesses {scalar16} (all: {dict(ops)})")
         else:
-            print(f"ok      {name}  {dict(ops)}")
+            print(f"ok      {name}  {sass}{dict(ops)}")
     return 1 if failed else 0
 
 
