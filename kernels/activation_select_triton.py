@@ -13,8 +13,8 @@ Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 The one-read kernel (_vnm_select_onchip_kernel) loads the whole [V, BLOCK_G*M] tile once, keeps it
 in registers, and takes the kept columns from it with tl.gather instead of reading them again;
-where that measured faster (ONCHIP_DEFAULT: 128:x:8, 128:2:16, 64:2:8 at 0.74-0.89 of copy) it is
-the default.
+where that measured faster (ONCHIP_DEFAULT: 128:x:8, 128:x:16, 64:x:8; 0.74-0.86 of copy at
+h = 16384) it is the default.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
 summed in a different order, so only norms equal to within rounding can pick differently).
 """
@@ -275,7 +275,7 @@ def vnm_select_compact(
     of Z asks L2 to keep it (evict_last) for the second, which releases it (evict_first).
     ``onchip``: the one-read kernel (the whole V-row tile held on chip, kept columns by tl.gather;
     ``rows`` unused), for power-of-two V and M with ``block_g`` dividing F/M; None: where it measured
-    faster (ONCHIP_DEFAULT, with its tiling unless ``block_g`` is given).
+    faster (ONCHIP_DEFAULT, with its tiling, when neither ``block_g`` nor ``rows`` is given).
     """
     return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip)
 
