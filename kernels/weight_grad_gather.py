@@ -16,6 +16,7 @@ import torch
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_abs
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm
+from sparse_compile.kernels.transpose_triton import transpose_copy
 from sparse_compile.kernels.weight_grad_approx import dense_rows, token_perm
 
 
@@ -35,7 +36,7 @@ def token_vnm_grad_gather(
     if t % m or h % v:
         return a.t() @ b
     perm = token_perm(t, a.device)
-    at = a.index_select(0, perm).t().contiguous()  # row gather, then one transpose copy
+    at = transpose_copy(a.contiguous(), rows=perm)  # a[perm]^T, the row gather and the transpose in one pass
     at_c, ids = vnm_select_abs(at, v, n, m)
     del at
     out = gather_k_mm(at_c, perm.to(torch.int32)[ids.long()], b.contiguous(), v)

@@ -98,10 +98,12 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
     cases.append(("scatter", scatter._scatter_kernel, _sig(names, ce, types), ce))
-    ce = {"BLOCK": transpose.BLOCK}
-    types = {"a_ptr": "*bf16", "out_ptr": "*bf16"}
-    names = "a_ptr out_ptr R C stride_a stride_o BLOCK"
-    cases.append(("transpose", transpose._transpose_kernel, _sig(names, ce, types), ce))
+    for gather in (False, True):
+        ce = {"BLOCK": transpose.BLOCK, "GATHER": gather}
+        types = {"a_ptr": "*bf16", "rows_ptr": "*i64", "out_ptr": "*bf16"}
+        names = "a_ptr rows_ptr out_ptr R C stride_a stride_o BLOCK GATHER"
+        label = "transpose" + (" gathered rows" if gather else "")
+        cases.append((label, transpose._transpose_kernel, _sig(names, ce, types), ce))
     for dt in ("fp32", "bf16"):
         ce = {"TILES": 64, "P": 128, "NUM_PATTERNS": 90, "WRITE_MASK": True}
         names = "s_ptr w_ptr out_ptr mask_ptr p_ptr bits_ptr TILE_ROWS TILE_COLS stride_s stride_w stride_o stride_m "
