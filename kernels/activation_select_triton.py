@@ -136,6 +136,17 @@ def _keep_n(h, N: tl.constexpr):
 
 
 @triton.jit
+def _zero_all_but_n(h, r, N: tl.constexpr):
+    """h, r [ROWS, 4 G] of each group's 4 kept-column values -> both with everything but each row's
+    N largest h per group (_keep_n) set to 0."""
+    if N < 4:
+        keep = _keep_n(h, N)
+        h = tl.where(keep, h, 0.0)
+        r = tl.where(keep, r, 0.0)
+    return h, r
+
+
+@triton.jit
 def _vnm_select_kernel(
     z_ptr, b_ptr, hc_ptr, rc_ptr, ids_ptr,
     G, stride_z, stride_c, stride_ids,
@@ -198,10 +209,7 @@ def _vnm_select_kernel(
         else:
             r = _relu(z, bias_c, HAS_BIAS)
             h = (r * r).to(dtype).to(tl.float32)
-        if N < 4:
-            keep = _keep_n(h, N)
-            h = tl.where(keep, h, 0.0)
-            r = tl.where(keep, r, 0.0)
+        h, r = _zero_all_but_n(h, r, N)
         dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
         if ABS:
             tl.store(hc_ptr + dst, r.to(dtype), mask=ok)
@@ -247,10 +255,7 @@ def _vnm_select_onchip_kernel(
     bias_k = tl.load(b_ptr + g0 * M + local).to(tl.float32)[None, :] if HAS_BIAS else 0.0
     r = _relu(z_k, bias_k, HAS_BIAS)
     h = (r * r).to(dtype).to(tl.float32)
-    if N < 4:
-        keep = _keep_n(h, N)
-        h = tl.where(keep, h, 0.0)
-        r = tl.where(keep, r, 0.0)
+    h, r = _zero_all_but_n(h, r, N)
     dst = rows[:, None].to(tl.int64) * stride_c + out[None, :]
     tl.store(hc_ptr + dst, h.to(dtype))
     tl.store(rc_ptr + dst, r.to(dtype))
