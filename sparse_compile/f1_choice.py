@@ -83,7 +83,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
         if got.shape != (tokens, h) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
             wrong += 1
             continue
-        call = lambda a=alg: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=a)  # noqa: E731
+        call = lambda a=alg: sparse_f1(x, w, b, a)  # noqa: E731  (compression included, as it runs)
         if too_slow(call, dense_ms):
             slow += 1
             continue
@@ -93,10 +93,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     if best is None:
         return F1Choice(None, f"F1 cuBLAS: {none_usable(wrong, slow)}")
     alg = best[1]
-    ratio = interleaved_ratio(
-        lambda: F.linear(x, w, b),
-        lambda: torch._cslt_sparse_mm(cslt_compress(w), x.t(), bias=b, transpose_result=True, alg_id=alg),
-    )
+    ratio = interleaved_ratio(lambda: F.linear(x, w, b), lambda: sparse_f1(x, w, b, alg))
     if ratio >= 1:
         return F1Choice(alg, f"F1 cuSPARSELt alg {alg} ({ratio:.2f}x cuBLAS measured, compression included)")
     return F1Choice(None, f"F1 cuBLAS (cuSPARSELt best {ratio:.2f}x, measured)")
