@@ -27,6 +27,8 @@ SIZES: dict[str, GPTConfig] = {
     "tiny": GPTConfig(block_size=128, n_layer=4, n_head=4, n_embd=128),
     "125m": GPTConfig(block_size=1024, n_layer=18, n_head=12, n_embd=768),  # 127M parameters
     "350m": GPTConfig(block_size=1024, n_layer=28, n_head=16, n_embd=1024),  # 352M parameters
+    "1.3b": GPTConfig(block_size=2048, n_layer=24, n_head=16, n_embd=2048),  # 1.21B parameters
+    "3b": GPTConfig(block_size=2048, n_layer=24, n_head=24, n_embd=3072),  # 2.72B parameters
 }
 
 

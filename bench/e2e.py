@@ -1,0 +1,255 @@
+"""python -m bench.e2e: whole training steps, dense torch.compile vs backend="sparse", per model size.
+
+For each model size and each configuration, in one process: the project's GPT (bench/model.py) at
+sequence length 2048 and 8 x 2048 = 16k tokens per step, bf16 autocast, fused AdamW, gradient
+clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout.
+Per configuration:
+  tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
+  speedup      over the dense row of the same size in the same run
+  peak memory  torch.cuda.max_memory_allocated over all steps
+  compile s    wall time of the warm-up steps minus as many median steps (compiles, autotuning,
+               the sparse backend's per-shape kernel choices)
+  GPU ms/step  a torch.profiler trace of --profile-steps steps, grouped by bench/step_profile.py
+               (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, other)
+Writes e2e.csv (one row per configuration), kernels.csv (the heaviest kernels of each) and
+summary.txt (header, table, the sparse configurations' site reports) to --out.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+import sparse_compile
+from bench.data import Batches, Corpus
+from bench.env import environment, write_csv
+from bench.model import GPT, SIZES
+from bench.step_profile import GROUPS, breakdown
+from sparse_compile.config import BackendOptions, options_from_text
+
+GPU_CONFIGS = ["dense", "default", "activation24", "weight24", '{"activations": "128:2:16"}']
+DATA_BATCHES = 4  # distinct batches cycled through the steps
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda'")
+    p.add_argument(
+        "--sizes", help=f"comma-separated sizes of bench/model.py {sorted(SIZES)} (default: 350m,1.3b; CPU tiny)"
+    )
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        help="'dense', 'default' (backend='sparse' with no options), a preset name, or JSON options "
+        f"(default: {' '.join(GPU_CONFIGS)})",
+    )
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: 8; CPU 4)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: 2048; CPU 128)")
+    p.add_argument("--steps", type=int, help="timed steps after the warm-up (default: 20; CPU 3)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed first steps (compile, autotuning)")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps in the profiler trace (CUDA; 0: none)")
+    p.add_argument("--top", type=int, default=12, help="heaviest kernels per configuration in kernels.csv")
+    p.add_argument("--out", default="runs/e2e", help="folder for e2e.csv, kernels.csv and summary.txt")
+    p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
+    args = p.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+        p.error(f"--device {args.device!r}: expected auto, cpu, or cuda with a CUDA device present")
+    gpu = args.device == "cuda"
+    args.sizes = [s.strip() for s in (args.sizes or ("350m,1.3b" if gpu else "tiny")).split(",") if s.strip()]
+    bad = [s for s in args.sizes if s not in SIZES]
+    if bad:
+        p.error(f"--sizes: {bad} not among {sorted(SIZES)}")
+    args.configs = args.configs or (GPU_CONFIGS if gpu else ["dense", "default"])
+    for label in args.configs:
+        if label != "dense":
+            try:
+                BackendOptions.parse(_options(label))
+            except ValueError as e:
+                p.error(f"--configs {label!r}: {e}")
+    args.batch_size = args.batch_size or (8 if gpu else 4)
+    args.seq_len = args.seq_len or (2048 if gpu else 128)
+    args.steps = args.steps or (20 if gpu else 3)
+    for name in ("batch_size", "seq_len", "steps", "warmup"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an int >= 1")
+    return args
+
+
+def _options(label: str) -> dict:
+    return {} if label == "default" else options_from_text(label)
+
+
+def _sites(reports: list) -> str:
+    """'24/24 sparse: triton gather' from the reports of one configuration's compiles."""
+    rows = [s for rep in reports for s in rep.sites]
+    if not rows:
+        return "no FFN site found"
+    sparse = [s for s in rows if s.record.sparse]
+    kernels = sorted({r.kernel for r in sparse})
+    return f"{len(sparse)}/{len(rows)} sparse" + (f": {', '.join(kernels)}" if kernels else "")
+
+
+def run_one(size: str, label: str, args: argparse.Namespace, corpus: Corpus) -> tuple[dict, list[dict], str]:
+    """(CSV row, heaviest kernels, site reports) of one configuration at one size."""
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    torch._dynamo.reset()
+    cfg = SIZES[size]
+    cfg = dataclasses.replace(cfg, block_size=max(cfg.block_size, args.seq_len))
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    n_reports = len(sparse_compile.compile_reports())
+    if label == "dense":
+        compiled = torch.compile(model)
+    else:
+        compiled = torch.compile(model, backend="sparse", options=_options(label))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-4,
+        betas=(0.9, 0.95),
+        fused=gpu,
+    )
+    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1)
+    data = [batches.next(device) for _ in range(DATA_BATCHES)]
+    sparse_compile.set_phase("sparse")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if gpu else contextlib.nullcontext
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    def step(i: int) -> torch.Tensor:
+        x, y = data[i % DATA_BATCHES]
+        with autocast():
+            _, loss = compiled(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for i in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        loss = step(i)
+        sync()
+        times.append(time.perf_counter() - t0)
+    median = statistics.median(times[args.warmup :])
+    tokens = args.batch_size * args.seq_len
+    row = {
+        "size": size,
+        "params_M": round(model.num_params() / 1e6, 1),
+        "config": label,
+        "tokens_per_step": tokens,
+        "step_ms": round(median * 1e3, 2),
+        "tokens_per_s": round(tokens / median),
+        "speedup": "",
+        "peak_mem_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if gpu else "",
+        "mem_vs_dense": "",
+        "compile_s": round(sum(times[: args.warmup]) - args.warmup * median, 1),
+        "last_loss": round(loss.item(), 4),
+    }
+    top: list[dict] = []
+    if gpu and args.profile_steps:
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "trace.json"
+            with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+                for i in range(args.profile_steps):
+                    step(i)
+                sync()
+            prof.export_chrome_trace(str(trace))
+            groups, kernels = breakdown(trace, hidden=4 * cfg.n_embd, steps=args.profile_steps)
+        row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
+        row["GPU ms"] = round(sum(groups.values()), 2)
+        top = [
+            {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}
+            for g, k, ms in kernels[: args.top]
+        ]
+    reports = sparse_compile.compile_reports()[n_reports:]
+    row["sites"] = "dense" if label == "dense" else _sites(reports)
+    return row, top, "\n".join(str(r) for r in reports if r.sites)
+
+
+def _fill_ratios(rows: list[dict]) -> None:
+    """Speedup and memory ratio of every row against the dense row of its size."""
+    dense = {r["size"]: r for r in rows if r["config"] == "dense"}
+    for r in rows:
+        base = dense.get(r["size"])
+        if base is None:
+            continue
+        r["speedup"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+        if base["peak_mem_GiB"] != "":
+            r["mem_vs_dense"] = round(r["peak_mem_GiB"] / base["peak_mem_GiB"], 3)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["size", "config", "tokens/s", "speedup", "step ms", "peak GiB", "vs dense", "compile s"]
+    keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "peak_mem_GiB", "mem_vs_dense", "compile_s"]
+    profiled = any("GPU ms" in r for r in rows)
+    if profiled:
+        head += [g.replace(" ", "\n", 1) for g in GROUPS] + ["GPU ms"]
+        keys += [f"{g} ms" for g in GROUPS] + ["GPU ms"]
+    body = [[r.get(k, "") for k in keys] for r in rows]
+    for line in body:
+        line[2] = f"{line[2]:,}"
+        line[3] = f"{line[3]:.3f}x" if line[3] != "" else ""
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(torch.device(args.device), "python -m bench.e2e", argv)
+    corpus = Corpus.load(args.data_dir)
+    header = (
+        f"{args.batch_size} x {args.seq_len} tokens per step, bf16 autocast on CUDA, fused AdamW on CUDA, "
+        f"{args.steps} timed steps after {args.warmup}\n" + "\n".join(f"{k}: {v}" for k, v in env.items())
+    )
+    print(header, flush=True)
+    rows, tops, reports = [], [], []
+    for size in args.sizes:
+        for label in args.configs:
+            row, top, text = run_one(size, label, args, corpus)
+            gc.collect()  # the last configuration's model and optimizer state, before the next one's
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            tops += top
+            reports.append(f"{size}, {label}:\n{text}" if text else "")
+            print(
+                f"{size} {label}: {row['tokens_per_s']:,} tokens/s, step {row['step_ms']} ms, "
+                f"compile {row['compile_s']} s, {row['sites']}",
+                flush=True,
+            )
+    _fill_ratios(rows)
+    write_csv(out / "e2e.csv", [{**r, **env} for r in rows])
+    if tops:
+        write_csv(out / "kernels.csv", tops)
+    text = table(rows)
+    (out / "summary.txt").write_text(f"{header}\n\n{text}\n\n" + "\n\n".join(r for r in reports if r) + "\n")
+    print(f"\n{text}\n\nwrote {out / 'e2e.csv'}, {out / 'summary.txt'}" + (f", {out / 'kernels.csv'}" if tops else ""))
+    return 0 if all(math.isfinite(r["last_loss"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""GPU time of a training step, grouped by what it does, from a torch.profiler chrome trace.
+
+Each GPU kernel is attributed to the CPU ops that launched it (the ops on the launching thread
+whose time span holds the kernel's launch call, matched by the trace's correlation id), and
+falls into one group:
+  attention        flash/fmha/attention kernels, or launched under scaled_dot_product_attention
+  optimizer        launched under Optimizer.step or clip_grad_norm_, or an Adam/foreach kernel
+  FFN GEMMs        cuBLAS/cuSPARSELt GEMMs of an FFN (launched under a sparse_compile:: op, or an
+                   aten mm whose operand shapes include the hidden size h), and the Triton gather
+                   GEMMs (_gather_k_kernel, _gather_n_kernel)
+  other GEMMs      every other cuBLAS GEMM (attention projections, the LM head)
+  sparse kernels   the sparse path's own non-GEMM kernels (selection, scatter, masks, compressors,
+                   transposes): any other kernel launched under a sparse_compile:: op
+  other            the rest (Inductor's fused elementwise and norm kernels, the loss, copies)
+"""
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+GROUPS = ("FFN GEMMs", "other GEMMs", "sparse kernels", "attention", "optimizer", "other")
+_GEMM = re.compile(r"gemm|xmma|nvjet|cutlass|cublas|cusparselt|_mm_|matmul", re.IGNORECASE)
+_GATHER_GEMM = re.compile(r"_gather_[kn]_kernel")
+_ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
+_OPTIMIZER_KERNEL = re.compile(r"adam|multi_tensor", re.IGNORECASE)
+_OPTIMIZER_OP = re.compile(r"Optimizer\.step|clip_grad|_foreach_")
+
+
+def _dims(args: dict) -> list[int]:
+    """Every size in a cpu_op's 'Input Dims' (record_shapes=True), flattened."""
+    out: list[int] = []
+
+    def walk(x) -> None:
+        if isinstance(x, list):
+            for y in x:
+                walk(y)
+        elif isinstance(x, int):
+            out.append(x)
+
+    walk(args.get("Input Dims", []))
+    return out
+
+
+def _launch_stacks(events: list[dict]) -> dict[int, list[dict]]:
+    """correlation id -> the cpu_ops enclosing that launch call, outermost first (one sweep per thread)."""
+    by_tid: dict[object, list[tuple[float, int, float, dict]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        if e.get("cat") in ("cpu_op", "user_annotation", "python_function"):
+            by_tid[e.get("tid")].append((e["ts"], 0, -e.get("dur", 0), e))
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            by_tid[e.get("tid")].append((e["ts"], 1, 0, e))
+    stacks: dict[int, list[dict]] = {}
+    for items in by_tid.values():
+        items.sort(key=lambda r: r[:3])
+        open_ops: list[dict] = []
+        for ts, is_launch, _, e in items:
+            while open_ops and open_ops[-1]["ts"] + open_ops[-1].get("dur", 0) < ts:
+                open_ops.pop()
+            if is_launch:
+                stacks[e["args"]["correlation"]] = list(open_ops)
+            else:
+                open_ops.append(e)
+    return stacks
+
+
+def classify(name: str, stack: Iterable[dict], hidden: int) -> str:
+    """The group of a kernel called ``name`` launched under ``stack`` (cpu_op events, outermost first)."""
+    stack = list(stack)
+    names = [e.get("name", "") for e in stack]
+    if _ATTENTION.search(name) or any("scaled_dot_product" in n for n in names):
+        return "attention"
+    if _OPTIMIZER_KERNEL.search(name) or any(_OPTIMIZER_OP.search(n) for n in names):
+        return "optimizer"
+    in_op = any(n.startswith("sparse_compile::") for n in names)
+    if _GATHER_GEMM.search(name):
+        return "FFN GEMMs"
+    if _GEMM.search(name) and not name.startswith("triton"):
+        innermost = next((e for e in reversed(stack) if e.get("name", "").startswith("aten::")), None)
+        ffn = in_op or (innermost is not None and hidden in _dims(innermost.get("args", {})))
+        return "FFN GEMMs" if ffn else "other GEMMs"
+    return "sparse kernels" if in_op else "other"
+
+
+def breakdown(
+    trace: dict | str | Path, hidden: int, steps: int
+) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+    """(ms per step of each group in GROUPS, [(group, kernel, ms per step)] heaviest first) from a
+    chrome trace (a path or the loaded JSON) of ``steps`` training steps of a model with FFN hidden size ``hidden``."""
+    if not isinstance(trace, dict):
+        trace = json.loads(Path(trace).read_text())
+    events = trace["traceEvents"]
+    stacks = _launch_stacks(events)
+    groups = dict.fromkeys(GROUPS, 0.0)
+    kernels: dict[tuple[str, str], float] = defaultdict(float)
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "kernel":
+            continue
+        name = e.get("name", "")
+        group = classify(name, stacks.get(e.get("args", {}).get("correlation"), []), hidden)
+        ms = e.get("dur", 0) / 1e3 / steps
+        groups[group] += ms
+        kernels[(group, name)] += ms
+    top = sorted(((g, k, ms) for (g, k), ms in kernels.items()), key=lambda r: -r[2])
+    return groups, top
