@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_backward, sqrelu_24_compress
+from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.transpose_triton import transpose_copy
 
@@ -36,9 +37,7 @@ def sqrelu_ffn_forward_24(
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
-        from sparse_compile.f1_choice import sparse_f1
-
-        z = sparse_f1(x, w1, b1, f1_alg)
+        z = cslt_linear(x, w1, b1, f1_alg)
     if alg < 0:
         h, r_buf = sqrelu_24_compress(z, dense_h=True)
         return F.linear(h, w2, b2), r_buf

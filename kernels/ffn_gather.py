@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.transpose_triton import transpose_copy
@@ -51,9 +52,7 @@ def sqrelu_ffn_forward_gather(
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
-        from sparse_compile.f1_choice import sparse_f1
-
-        z = sparse_f1(x, w1, b1, f1_alg)
+        z = cslt_linear(x, w1, b1, f1_alg)
     h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
     del z
     if "F2" in dense:

@@ -13,7 +13,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_kno
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.dispatch import DEVICES
-from sparse_compile.op import FLOAT_DTYPES
+from sparse_compile.ops import FLOAT_DTYPES
 from sparse_compile.passes.find_ffn import FFNMatch
 
 

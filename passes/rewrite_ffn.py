@@ -12,7 +12,7 @@ import operator
 import torch
 from torch.fx import Node
 
-import sparse_compile.op  # noqa: F401  (registers torch.ops.sparse_compile)
+import sparse_compile.ops  # noqa: F401  (registers torch.ops.sparse_compile)
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes.find_ffn import FFNMatch
 from sparse_compile.passes.legality import compute_dtype, example_value

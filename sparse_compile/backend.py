@@ -30,7 +30,7 @@ def _source_files() -> tuple[str, ...]:
 
     roots = [Path(p) for mod in (sparse_compile.passes, sparse_compile.kernels) for p in mod.__path__]
     roots.append(Path(__file__).parent)
-    return tuple(sorted(str(f) for root in roots for f in root.glob("*.py")))
+    return tuple(sorted(str(f) for root in roots for f in root.rglob("*.py")))
 
 
 class SourceHashPass(CustomGraphPass):

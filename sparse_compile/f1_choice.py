@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
 
 MAX_ALGS = 32  # cuSPARSELt 0.8 offers ids 0..17 at the shapes measured; stop at the first refused
@@ -83,7 +84,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
         if got.shape != (tokens, h) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
             wrong += 1
             continue
-        call = lambda a=alg: sparse_f1(x, w, b, a)  # noqa: E731  (compression included, as it runs)
+        call = lambda a=alg: cslt_linear(x, w, b, a)  # noqa: E731  (compression included, as it runs)
         if too_slow(call, dense_ms):
             slow += 1
             continue
@@ -93,15 +94,7 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     if best is None:
         return F1Choice(None, f"F1 cuBLAS: {none_usable(wrong, slow)}")
     alg = best[1]
-    ratio = interleaved_ratio(lambda: F.linear(x, w, b), lambda: sparse_f1(x, w, b, alg))
+    ratio = interleaved_ratio(lambda: F.linear(x, w, b), lambda: cslt_linear(x, w, b, alg))
     if ratio >= 1:
         return F1Choice(alg, f"F1 cuSPARSELt alg {alg} ({ratio:.2f}x cuBLAS measured, compression included)")
     return F1Choice(None, f"F1 cuBLAS (cuSPARSELt best {ratio:.2f}x, measured)")
-
-
-def sparse_f1(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, alg: int) -> torch.Tensor:
-    """Z = X W~1^T + b1 through cuSPARSELt (W~1 [h, d] 2:4 along d, compressed here)."""
-    from sparse_compile.kernels.cslt_compress_triton import cslt_compress
-    from sparse_compile.kernels.transpose_triton import row_major
-
-    return torch._cslt_sparse_mm(cslt_compress(row_major(w1)), x.t(), bias=b1, transpose_result=True, alg_id=alg)

@@ -152,7 +152,7 @@ def test_dynamic_batch_and_dense_fallback_for_odd_token_counts():
     ref = copy.deepcopy(model)
     config = SparsityConfig(activations="64:2:8")
     compiled = torch.compile(model, backend="sparse", options={"activations": "64:2:8"}, dynamic=True)
-    sparse_compile.op._warn_dense_fallback.cache_clear()
+    sparse_compile.ops.spec.warn_dense_fallback.cache_clear()
     for batch in (2, 4, 3):
         x = torch.randn(batch, 32, 32)
         if batch == 3:

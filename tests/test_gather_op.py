@@ -77,7 +77,7 @@ def test_vnm_op_with_cublas_gemms_matches_oracle(dense, name):
 
 
 def test_op_spec_rejects_unknown_dense_gemm():
-    from sparse_compile.op import parse_spec
+    from sparse_compile.ops import parse_spec
 
     assert parse_spec("weights=none;activations=16:2:8;kernels=auto;dense_gemms=B1+F2").dense_gemms == {"F2", "B1"}
     with pytest.raises(ValueError, match="dense_gemms='B2'; allowed: F2, B1, B3"):
@@ -86,7 +86,7 @@ def test_op_spec_rejects_unknown_dense_gemm():
 
 def test_act24_plan_spec_round_trip():
     from sparse_compile.dispatch import CSLT24, KernelPlan
-    from sparse_compile.op import parse_spec
+    from sparse_compile.ops import parse_spec
 
     plan = KernelPlan(CSLT24, False, f1_alg=2, act24_alg=5)
     assert plan.op == "sqrelu_ffn_24"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import sparse_compile.op
+import sparse_compile.ops.spec
 from sparse_compile import SparsityConfig
 from sparse_compile.kernels import transposable_24_mask
 
@@ -87,7 +87,7 @@ def test_masked_decay_and_straight_through():
 def test_token_count_not_multiple_of_v_runs_dense_and_warns():
     x, w1, b1, w2, b2 = _inputs((100,), seed=3)
     config = CONFIGS["act64:2:8"]
-    sparse_compile.op._warn_dense_fallback.cache_clear()
+    sparse_compile.ops.spec.warn_dense_fallback.cache_clear()
     with pytest.warns(UserWarning, match="T=100 tokens.*not a multiple of V=64"):
         y, leaves = run_op(x, w1, b1, w2, b2, config)
     y_plain = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)) ** 2, w2, b2)

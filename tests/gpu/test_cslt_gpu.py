@@ -53,8 +53,9 @@ def test_sparse_mm_on_the_buffer_matches_dense(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_sparse_f1_matches_linear_with_bias(dtype):
-    from sparse_compile.f1_choice import choose_f1, sparse_f1
+def test_cslt_linear_matches_linear_with_bias(dtype):
+    from sparse_compile.f1_choice import choose_f1
+    from sparse_compile.kernels.cslt_linear import cslt_linear
 
     g = torch.Generator(device="cuda").manual_seed(3)
     w = random_24(2048, 1024, g, dtype)
@@ -64,7 +65,7 @@ def test_sparse_f1_matches_linear_with_bias(dtype):
     choice = choose_f1(0, dtype, 4096, 1024, 2048)
     assert choice.why.startswith("F1 cu")
     for alg in {0, choice.alg} - {None}:
-        torch.testing.assert_close(sparse_f1(x, w, b, alg), want, rtol=2e-2, atol=5e-2)
+        torch.testing.assert_close(cslt_linear(x, w, b, alg), want, rtol=2e-2, atol=5e-2)
 
 
 def test_gather_op_with_cusparselt_f1_matches_cublas_f1():

@@ -1,0 +1,64 @@
+"""sparse_compile::sqrelu_ffn: the FFN on the pure-torch reference (masked dense math).
+
+sqrelu_ffn(x, w1, b1, w2, b2, spec) -> (y, r_masked)
+    x [..., d] -> y [..., d_out] with the activation pattern of ``spec`` (kernels/ffn_reference.py);
+    r_masked [T, h] = relu(Z) * A is what backward needs (not differentiable).
+sqrelu_ffn_backward(dy, x, w1, w2, r_masked, spec) -> (dx, dw1, db1, dw2, db2)
+A call whose token count is not a multiple of V runs its activations dense and warns once.
+"""
+
+import math
+
+import torch
+
+from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+from sparse_compile.ops.spec import (
+    activation_pattern_for,
+    check_inputs,
+    ffn_autograd,
+    ffn_setup,
+    grads_like,
+    parse_spec,
+)
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn", mutates_args=())
+def sqrelu_ffn(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    spec: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_inputs(x, w1, w2)
+    x2 = x.reshape(-1, x.shape[-1])
+    pattern = activation_pattern_for(parse_spec(spec), x2.shape[0])
+    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern)
+    return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
+
+
+@sqrelu_ffn.register_fake
+def _(x, w1, b1, w2, b2, spec):
+    tokens = math.prod(x.shape[:-1])
+    return x.new_empty((*x.shape[:-1], w2.shape[0])), x.new_empty((tokens, w1.shape[0]))
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn_backward", mutates_args=())
+def sqrelu_ffn_backward(
+    dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor, spec: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    op = parse_spec(spec)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
+        dy2, x.reshape(-1, x.shape[-1]), w1, w2, r_masked, op.weight_grad, op.dense_frac
+    )
+    return dx.reshape(x.shape), dw1, db1, dw2, db2
+
+
+@sqrelu_ffn_backward.register_fake
+def _(dy, x, w1, w2, r_masked, spec):
+    return grads_like(x, w1, w2)
+
+
+sqrelu_ffn.register_autograd(ffn_autograd(torch.ops.sparse_compile.sqrelu_ffn_backward), setup_context=ffn_setup)

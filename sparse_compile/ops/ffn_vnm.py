@@ -1,0 +1,83 @@
+"""sparse_compile::sqrelu_ffn_vnm: the FFN with V:N:M activations on the compact operand.
+
+sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec) -> (y, r_c, ids)
+    The reference's function (ops/ffn_reference.py) on the Triton gather kernels
+    (kernels/ffn_gather.py); backward keeps r_c [T, h*4/M] and ids [T/V, h*4/M].
+sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, spec) -> (dx, dw1, db1, dw2, db2)
+"""
+
+import math
+
+import torch
+
+from sparse_compile.ops.spec import check_inputs, ffn_autograd, ffn_setup, grads_like, parse_spec
+
+
+def _vnm_of(spec: str, tokens: int) -> tuple[int, int, int]:
+    pattern = parse_spec(spec).activations
+    if pattern is None or tokens % pattern[0]:
+        raise ValueError(f"sqrelu_ffn_vnm: spec {spec!r} with T={tokens}: needs V:N:M activations and T % V == 0")
+    return pattern
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn_vnm", mutates_args=())
+def sqrelu_ffn_vnm(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    spec: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from sparse_compile.kernels.ffn_gather import sqrelu_ffn_forward_gather  # Triton: imported when used
+
+    check_inputs(x, w1, w2)
+    x2 = x.reshape(-1, x.shape[-1])
+    v, n, m = _vnm_of(spec, x2.shape[0])
+    op = parse_spec(spec)
+    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms)
+    return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
+
+
+@sqrelu_ffn_vnm.register_fake
+def _(x, w1, b1, w2, b2, spec):
+    v, _, m = parse_spec(spec).activations
+    tokens = math.prod(x.shape[:-1])
+    kc = w1.shape[0] * 4 // m
+    return (
+        x.new_empty((*x.shape[:-1], w2.shape[0])),
+        x.new_empty((tokens, kc)),
+        x.new_empty((tokens // v, kc), dtype=torch.int32),
+    )
+
+
+@torch.library.custom_op("sparse_compile::sqrelu_ffn_vnm_backward", mutates_args=())
+def sqrelu_ffn_vnm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    r_c: torch.Tensor,
+    ids: torch.Tensor,
+    spec: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather
+
+    x2 = x.reshape(-1, x.shape[-1])
+    v, _, m = _vnm_of(spec, x2.shape[0])
+    op = parse_spec(spec)
+    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
+        dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms
+    )
+    return dx.reshape(x.shape), dw1, db1, dw2, db2
+
+
+@sqrelu_ffn_vnm_backward.register_fake
+def _(dy, x, w1, w2, r_c, ids, spec):
+    return grads_like(x, w1, w2)
+
+
+sqrelu_ffn_vnm.register_autograd(
+    ffn_autograd(torch.ops.sparse_compile.sqrelu_ffn_vnm_backward), setup_context=ffn_setup
+)

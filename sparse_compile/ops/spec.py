@@ -1,0 +1,117 @@
+"""What every FFN op shares: the spec string each op receives, input checks, and the autograd glue.
+
+The spec (SparsityConfig.op_spec plus dispatch.KernelPlan.spec_suffix) is a string so that the
+ops stay opaque to Dynamo and AOTAutograd: 'weights=2:4;activations=64:2:8;kernels=auto;...'.
+"""
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from sparse_compile.config import parse_activation_pattern, parse_weight_grad
+from sparse_compile.dispatch import DEVICES
+from sparse_compile.gather_choice import GATHER_GEMMS
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    weights: str | None
+    activations: tuple[int, int, int] | None
+    kernels: str
+    weight_grad: tuple[int, int, int] | None = None  # token-dim V:N:M of B2/B4, None = exact
+    dense_frac: float = 0.0
+    f1_alg: int | None = None  # F1 through cuSPARSELt with this algorithm id (2:4 weights, sm90)
+    dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS instead of the gather kernels
+    act24_alg: int | None = None  # 2:4 activations: F2 and B3 through cuSPARSELt with this id (-1: cuBLAS)
+
+
+@functools.cache
+def parse_spec(spec: str) -> OpSpec:
+    """'weights=2:4;activations=64:2:8;kernels=auto;weight_grad=dense;dense_frac=0.02' -> OpSpec
+    (see SparsityConfig.op_spec)."""
+    fields = dict(item.split("=", 1) for item in spec.split(";"))
+    dense_gemms = frozenset(fields["dense_gemms"].split("+")) if fields.get("dense_gemms") else frozenset()
+    if not dense_gemms <= set(GATHER_GEMMS):
+        raise ValueError(
+            f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: {', '.join(GATHER_GEMMS)} joined by '+'"
+        )
+    act = fields["activations"]
+    weights = fields["weights"]
+    return OpSpec(
+        weights=None if weights == "none" else weights,
+        activations=None if act == "none" else parse_activation_pattern(act),
+        kernels=fields["kernels"],
+        weight_grad=parse_weight_grad(fields.get("weight_grad", "dense")),
+        dense_frac=float(fields.get("dense_frac", 0.0)),
+        f1_alg=int(fields["f1_alg"]) if "f1_alg" in fields else None,
+        dense_gemms=dense_gemms,
+        act24_alg=int(fields["act24_alg"]) if "act24_alg" in fields else None,
+    )
+
+
+def check_inputs(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
+    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"sqrelu_ffn: {name}.dtype={t.dtype}; expected one of {FLOAT_DTYPES}")
+    if not (x.dtype == w1.dtype == w2.dtype):
+        raise ValueError(f"sqrelu_ffn: dtypes differ: x {x.dtype}, w1 {w1.dtype}, w2 {w2.dtype}")
+    if w1.dim() != 2 or w2.dim() != 2 or x.shape[-1] != w1.shape[1] or w2.shape[1] != w1.shape[0]:
+        raise ValueError(
+            f"sqrelu_ffn: shapes do not chain: x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}"
+        )
+    if x.device.type not in DEVICES:
+        raise ValueError(f"sparse_compile: no kernels for device {x.device.type!r}; supported: {DEVICES}")
+
+
+@functools.cache
+def warn_dense_fallback(tokens: int, v: int) -> None:
+    warnings.warn(
+        f"sparse_compile: a call with T={tokens} tokens (not a multiple of V={v}) ran its FFN activations dense "
+        f"(2:4 weights, if configured, stay sparse). Use a batch*sequence that is a multiple of {v} to keep "
+        "activations sparse.",
+        stacklevel=3,
+    )
+
+
+def activation_pattern_for(spec: OpSpec, tokens: int) -> tuple[int, int, int] | None:
+    pattern = spec.activations
+    if pattern is not None and tokens % pattern[0]:
+        warn_dense_fallback(tokens, pattern[0])
+        return None
+    return pattern
+
+
+def grads_like(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Fake (dx, dw1, db1, dw2, db2) of either backward op."""
+    return (
+        torch.empty_like(x),
+        torch.empty_like(w1),
+        w1.new_empty(w1.shape[0]),
+        torch.empty_like(w2),
+        w2.new_empty(w2.shape[0]),
+    )
+
+
+def ffn_setup(ctx, inputs, output) -> None:
+    """Both FFN ops: keep x, w1, w2 and the op's extra outputs (what its backward op reads)."""
+    x, w1, b1, w2, b2, spec = inputs
+    saved = output[1:]
+    ctx.mark_non_differentiable(*saved)
+    ctx.save_for_backward(x, w1, w2, *saved)
+    ctx.has_bias = (b1 is not None, b2 is not None)
+    ctx.spec = spec
+
+
+def ffn_autograd(backward_op):
+    """The autograd backward of an FFN op whose backward op is (dy, x, w1, w2, *saved, spec) -> grads."""
+
+    def backward(ctx, dy, *_):
+        dx, dw1, db1, dw2, db2 = backward_op(dy.contiguous(), *ctx.saved_tensors, ctx.spec)
+        has_b1, has_b2 = ctx.has_bias
+        return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
+
+    return backward

@@ -1,0 +1,89 @@
+"""bench.e2e and the step profile's grouping (bench/step_profile.py)."""
+
+import csv
+import math
+
+from bench.e2e import main as e2e_main
+from bench.step_profile import GROUPS, breakdown, classify
+
+
+def _op(name: str, ts: float, dur: float, tid: int = 1, dims=None) -> dict:
+    args = {"Input Dims": dims} if dims is not None else {}
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def _launch(corr: int, ts: float, tid: int = 1, cat: str = "cuda_runtime") -> dict:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": "cudaLaunchKernel",
+        "ts": ts,
+        "dur": 1,
+        "tid": tid,
+        "args": {"correlation": corr},
+    }
+
+
+def _kernel(corr: int, name: str, dur: float) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": 0, "dur": dur, "tid": 7, "args": {"correlation": corr}}
+
+
+def test_kernels_are_grouped_by_their_launching_ops():
+    h = 4096
+    events = [
+        # dense FFN GEMM: an aten::mm whose operands include h, inside a compiled graph's annotation
+        _op("## Call CompiledFxGraph ##", 0, 1000),
+        _op("aten::mm", 10, 20, dims=[[16384, 1024], [1024, h]]),
+        _launch(1, 15),
+        _kernel(1, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 3000),
+        # an attention projection: no h among its dims
+        _op("aten::mm", 40, 20, dims=[[16384, 1024], [1024, 3072]]),
+        _launch(2, 45),
+        _kernel(2, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 1000),
+        # inside our op: a cuBLAS GEMM of any shape is the FFN's; the selection kernel is ours
+        _op("sparse_compile::sqrelu_ffn_vnm", 100, 200),
+        _op("aten::addmm", 110, 20, dims=[[], [16384, 1024], [1024, 1024]]),
+        _launch(3, 115),
+        _kernel(3, "sm90_xmma_gemm_bf16bf16", 2000),
+        _launch(4, 150, cat="cuda_driver"),  # Triton launches through the driver API
+        _kernel(4, "_vnm_select_onchip_kernel", 500),
+        _launch(5, 160, cat="cuda_driver"),
+        _kernel(5, "_gather_k_kernel", 700),
+        # attention, optimizer, other
+        _op("aten::_scaled_dot_product_cudnn_attention", 400, 10),
+        _launch(6, 405),
+        _kernel(6, "cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 1500),
+        _op("Optimizer.step#AdamW.step", 2000, 100, tid=2),
+        _launch(7, 2050, tid=2),
+        _kernel(7, "multi_tensor_apply_kernel", 400),
+        _launch(8, 500),
+        _kernel(8, "triton_per_fused_native_layer_norm_0", 300),
+    ]
+    groups, top = breakdown({"traceEvents": events}, hidden=h, steps=2)
+    assert set(groups) == set(GROUPS)
+    want = {
+        "FFN GEMMs": (3000 + 2000 + 700) / 2e3,
+        "other GEMMs": 1000 / 2e3,
+        "sparse kernels": 500 / 2e3,
+        "attention": 1500 / 2e3,
+        "optimizer": 400 / 2e3,
+        "other": 300 / 2e3,
+    }
+    for g, ms in want.items():
+        assert math.isclose(groups[g], ms), (g, groups[g], ms)
+    assert top[0][0] == "FFN GEMMs" and top[0][2] == max(ms for _, _, ms in top)
+    assert classify("triton_poi_fused_mul_0", [], h) == "other"
+
+
+def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
+    out = tmp_path / "e2e"
+    rc = e2e_main(
+        ["--device", "cpu", "--configs", "dense", "default", "--steps", "1", "--warmup", "1", "--out", str(out)]
+    )
+    assert rc == 0
+    rows = list(csv.DictReader(open(out / "e2e.csv")))
+    assert [r["config"] for r in rows] == ["dense", "default"]
+    assert rows[0]["speedup"] == "1.0" and float(rows[1]["speedup"]) > 0
+    assert rows[1]["sites"] == "4/4 sparse: reference"  # the tiny GPT's four FFNs, CPU kernels
+    assert all(float(r["tokens_per_s"]) > 0 and math.isfinite(float(r["last_loss"])) for r in rows)
+    assert "sparse_compile report" in (out / "summary.txt").read_text()
