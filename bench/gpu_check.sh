@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# One GPU call: install the package (no network there), run the CUDA tests, then the given command.
-# Usage on the device machine: bash bench/gpu_check.sh [extra command...]; logs go to $OUT.
+# One GPU check: install the package (no network needed), run the CUDA tests, then the end-to-end
+# benchmark. Usage: bash bench/gpu_check.sh OUT_DIR [bench.e2e arguments, e.g. --sizes 350m]
+# Writes OUT_DIR/gpu.txt, gpu_tests.log, e2e.log and bench.e2e's e2e.csv, kernels.csv, summary.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+if [ $# -lt 1 ]; then
+  echo "usage: bash bench/gpu_check.sh OUT_DIR [bench.e2e arguments]" >&2
+  exit 2
+fi
+out=$1
+shift
+mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v -i warn | tail -3
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-if [ $# -gt 0 ]; then
-  "$@" 2>&1 | tee "$OUT/command.log"
-fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+python3 -m pytest -q tests/gpu 2>&1 | tee "$out/gpu_tests.log" | tail -15
+tests=${PIPESTATUS[0]}
+python3 -m bench.e2e --out "$out" "$@" 2>&1 | tee "$out/e2e.log" | grep -v -i warn | tail -15
+e2e=${PIPESTATUS[0]}
+exit $((tests != 0 || e2e != 0))
