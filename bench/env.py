@@ -12,7 +12,7 @@ import torch
 
 
 def git_revision() -> str:
-    """Short HEAD (+"-dirty"), or $SPARSE_COMPILE_GIT_REV where the tree has no .git (the GPU machine's copy)."""
+    """Short HEAD (+"-dirty"), or $SPARSE_COMPILE_GIT_REV for a copied source tree without .git."""
     if os.environ.get("SPARSE_COMPILE_GIT_REV"):
         return os.environ["SPARSE_COMPILE_GIT_REV"]
     try:

@@ -29,10 +29,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Pass 2 re-reads the tile pass 1 just read; with ~9 programs of 64 KB tiles per SM the tiles in
 # flight exceed L2 and the re-read goes to DRAM (ncu, 128:2:8: DRAM 79% busy, L2 hit 40%). L2
 # eviction hints on the two reads: 0.481 -> 0.460 ms (128:2:16), 0.595 -> 0.591 (128:2:8), same
-# output, never slower in 7 tilings (H100, bench/RESULTS.md 4l).
+# output, never slower in 7 tilings (H100, bench/RESULTS.md at afb7342, 4l).
 EVICT_DEFAULT = True
 # (V, M) -> groups per program of the one-read kernel where it is the default, 4 warps; at
-# 16384 x 16384 bf16 with bias on an H100 (bench/RESULTS.md 4n), against the two-read kernel:
+# 16384 x 16384 bf16 with bias on an H100 (bench/RESULTS.md at afb7342, 4n), against the two-read kernel:
 # 128:2:8 0.622 -> 0.425 ms (0.85 of copy), 128:4:8 0.620 -> 0.416 (0.86), 128:2:16 0.468 -> 0.366
 # (0.74), 64:2:8 0.582 -> 0.484 (0.75).
 ONCHIP_DEFAULT = {(128, 8): 8, (128, 16): 4, (64, 8): 16}
@@ -249,7 +249,7 @@ def _vnm_select_onchip_kernel(
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, (local + g0 * M).to(tl.int32))
 
     # gathering along M (16 or 8 candidates) rather than along the whole tile row measured
-    # 0.464 -> 0.383 ms at 128:2:16 (H100, bench/RESULTS.md 4n): fewer layout conversions
+    # 0.464 -> 0.383 ms at 128:2:16 (H100, bench/RESULTS.md at afb7342, 4n): fewer layout conversions
     index = tl.broadcast_to(kept[None, :, :], (V, BLOCK_G, 4))
     z_k = tl.reshape(tl.gather(tl.reshape(z, (V, BLOCK_G, M)), index, axis=2), (V, 4 * BLOCK_G))
     bias_k = tl.load(b_ptr + g0 * M + local).to(tl.float32)[None, :] if HAS_BIAS else 0.0
@@ -325,7 +325,7 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=E
         )  # fmt: skip
         return h_c, r_c, ids
     m_p = triton.next_power_of_2(m)
-    # Defaults from the H100 sweep at 16384 x 16384 (bench/RESULTS.md 4l): 64 hidden columns x 16
+    # Defaults from the H100 sweep at 16384 x 16384 (bench/RESULTS.md at afb7342, 4l): 64 hidden columns x 16
     # rows per step for M=16 (0.48 ms, 128:2:16), 256 columns x 8 rows for M<=8 (0.60 ms, 128:2:8;
     # 64 x 16 took 0.63). V=1 (2:4) has one row per program: 256 columns (1.57 ms vs 9.6 ms).
     if block_g is None:

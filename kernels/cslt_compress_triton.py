@@ -87,7 +87,7 @@ def cslt_compress_ref(a: torch.Tensor) -> torch.Tensor:
 
 # _KEPT as one 64-bit constant, nibble s = the code (i0 | i1 << 2) of nonzero set s: a register shift
 # instead of a gathered table load, whose layout conversions were most of the kernels' barriers
-# (sm90 SASS: 41 -> 9 in the compressor, 83 -> 19 in the fused forward; bench/RESULTS.md 4n)
+# (sm90 SASS: 41 -> 9 in the compressor, 83 -> 19 in the fused forward; bench/RESULTS.md at afb7342, 4n)
 _KEPT64 = tl.constexpr(sum((i0 | i1 << 2) << (4 * s) for s, (i0, i1) in enumerate(_KEPT)))
 
 
@@ -177,7 +177,7 @@ def _cslt_kernel(a_ptr, out_ptr, meta_ptr, K, TILES: tl.constexpr):
 
 
 # 8 tiles (64 x 256 per program), 8 warps: 0.294 ms at 16384 x 16384 bf16 on an H100, 0.95 of copy
-# (bench/RESULTS.md 4n; the other tilings of 2-8 tiles x 4-8 warps 0.299-0.313)
+# (bench/RESULTS.md at afb7342, 4n; the other tilings of 2-8 tiles x 4-8 warps 0.299-0.313)
 TILES = 8
 NUM_WARPS = 8
 

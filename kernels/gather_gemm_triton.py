@@ -28,11 +28,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Load the contiguous operand (c in gather_k, dY in gather_n) through TMA by default (sm90+,
 # aligned rows): on the H100 gather_k 1.25 -> 1.18 ms, gather_n 1.26 -> 1.23 ms at 4096x16384
-# 128:2:16, equal at 2048x8192 (bench/RESULTS.md 4k).
+# 128:2:16, equal at 2048x8192 (bench/RESULTS.md at afb7342, 4k).
 TMA_DEFAULT = True
 # gather_n as persistent programs (one per SM, walking the tiles in one flattened loop, so the
 # next tile's loads are issued under this tile's last dots and its dZ epilogue): on the H100
-# 1.19 -> 0.98 ms at 4096x16384 and 0.32 -> 0.245 ms at 2048x8192, 128:2:16 (bench/RESULTS.md 4l).
+# 1.19 -> 0.98 ms at 4096x16384 and 0.32 -> 0.245 ms at 2048x8192, 128:2:16 (bench/RESULTS.md at afb7342, 4l).
 PERSISTENT_DEFAULT = True
 
 # Hopper/Ampere bf16/fp16 tiles: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
@@ -205,7 +205,7 @@ def _gather_k_kernel(
 ):  # fmt: skip
     # Not persistent: in a flattened persistent loop (tl.range(..., flatten=True)) Triton 3.6 does
     # not pipeline the gathered rows (their addresses come from the ids load: plain synchronous
-    # loads in the sm90 TTGIR), which measured 3.3x slower (bench/RESULTS.md 4l).
+    # loads in the sm90 TTGIR), which measured 3.3x slower (bench/RESULTS.md at afb7342, 4l).
     _gather_k_tile(
         tl.program_id(0), c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
         T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,

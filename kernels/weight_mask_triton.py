@@ -65,7 +65,7 @@ def _transposable_24_kernel(
 
 
 # pairs kernel (tiles per program, num_warps) by weight element size, from the H100 sweep of
-# bench/RESULTS.md 4k: 16-bit 0.146 ms at (64, 1) vs 0.278 at (128, 4); fp32 0.18 ms at either
+# bench/RESULTS.md at afb7342, 4k: 16-bit 0.146 ms at (64, 1) vs 0.278 at (128, 4); fp32 0.18 ms at either
 _PAIRS_DEFAULTS = {2: (64, 1), 4: (128, 4)}
 
 

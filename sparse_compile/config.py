@@ -56,7 +56,7 @@ class SparsityConfig:
         made V:N:M-sparse along tokens (kernels/weight_grad_approx.py), an approximation; on the
         gather kernels when V % 16 == 0. Measured on an H100 it is slower than exact, and on the
         125M model's real activations its gradients point 0.91-0.96 (dW1) and 0.79-0.88 (dW2) the
-        way of the exact ones, with 35-60% relative error (bench/RESULTS.md 4e, 4l): for
+        way of the exact ones, with 35-60% relative error (bench/RESULTS.md at afb7342, 4e, 4l): for
         experiments, not for speed.
     weight_grad_dense_frac: with "tokens:...", the fraction of hidden units (the densest) kept exact.
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile

@@ -9,7 +9,7 @@ def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
     """Mean time of ``reps`` back-to-back calls (CUDA events around all of them, after 3 warm-up
     calls): the GPU queue stays full, as in a training step, so host-side setup per call overlaps
     the previous call's work instead of being added to it (cuSPARSELt's ~0.4 ms per call would
-    otherwise count in full: bench/RESULTS.md 4j)."""
+    otherwise count in full: bench/RESULTS.md at afb7342, 4j)."""
     for _ in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -24,7 +24,7 @@ def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
 def interleaved_ratio(baseline: Callable[[], object], candidate: Callable[[], object], rounds: int = 2) -> float:
     """baseline time / candidate time, each the best of ``rounds`` back_to_back_ms, interleaved:
     one round alone once measured a Triton kernel 0.70x of cuBLAS right after its autotuning where
-    the same kernel and shape measured 2.39x (bench/RESULTS.md 4l)."""
+    the same kernel and shape measured 2.39x (bench/RESULTS.md at afb7342, 4l)."""
     times = [(back_to_back_ms(baseline), back_to_back_ms(candidate)) for _ in range(rounds)]
     return min(b for b, _ in times) / min(c for _, c in times)
 

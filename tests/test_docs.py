@@ -1,0 +1,51 @@
+"""The README quotes bench/RESULTS.md: its tables must carry the same numbers."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+RESULTS = (ROOT / "bench" / "RESULTS.md").read_text()
+
+
+def _table_after(text: str, header_start: str) -> list[str]:
+    """The markdown table whose header line starts with ``header_start``, as its lines."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_main_job_table_is_quoted_verbatim():
+    header = "|                                        | dense   | sparse   |"
+    quoted = _table_after(README, header)
+    assert len(quoted) == 11
+    assert quoted == _table_after(RESULTS, header)
+
+
+def test_ffn_table_is_quoted_verbatim():
+    header = "| (T, d, h) | 2:4 weights + 128:2:16 |"
+    quoted = _table_after(README, header)
+    assert len(quoted) == 5
+    assert quoted == _table_after(RESULTS, header)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip().replace("*", "") for c in line.strip("|").split("|")]
+
+
+def test_e2e_speedups_are_the_measured_ones():
+    readme = _table_after(README, "| model | default (venom) |")
+    configs = ["default (venom)", "activation24", "weight24", "128:2:16"]
+    measured = {}
+    for line in _table_after(RESULTS, "| size | config | tokens/s | speedup |")[2:]:
+        cells = _cells(line)
+        measured[(cells[0], cells[1])] = cells[3]
+    quoted = 0
+    for line in readme[2:]:
+        cells = _cells(line)
+        size = re.sub(r", H100$", "", cells[0])
+        for config, value in zip(configs, cells[1:], strict=True):
+            assert measured[(size, config)] == value, (size, config)
+            quoted += 1
+    assert quoted == 12
