@@ -116,14 +116,7 @@ def run_one(size: str, label: str, args: argparse.Namespace, corpus: Corpus) -> 
         compiled = torch.compile(model)
     else:
         compiled = torch.compile(model, backend="sparse", options=_options(label))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-4,
-        betas=(0.9, 0.95),
-        fused=gpu,
-    )
+    opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu)
     batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1)
     data = [batches.next(device) for _ in range(DATA_BATCHES)]
     sparse_compile.set_phase("sparse")

@@ -99,6 +99,13 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def adamw(self, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+        """AdamW, betas (0.9, 0.95), weight decay on the 2-D weights only (not biases, norms)."""
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
 

@@ -211,11 +211,8 @@ def _lr(step: int, args: argparse.Namespace) -> float:
 
 
 def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = args.device == "cuda" and args.distributed != "fsdp"  # FSDP2's DTensor shards: the default path
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=fused)
+    return model.adamw(args.lr, args.weight_decay, fused)
 
 
 def train_one(
