@@ -164,9 +164,12 @@ class Health:
     since the previous probe.
     """
 
-    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False) -> None:
+    def __init__(
+        self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1
+    ) -> None:
         self.model = model
         self.pattern = pattern
+        self.chunk = chunk
         self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
@@ -187,8 +190,9 @@ class Health:
         kept = math.nan
         if self.pattern is not None:
             flat = [h.reshape(-1, h.shape[-1]).float() for h in hs]
-            if all(f.shape[0] % self.pattern[0] == 0 for f in flat):
-                kept = sum((f * vnm_mask(f, *self.pattern)).sum().item() for f in flat) / sum(
+            v, _, m = self.pattern
+            if all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
+                kept = sum((f * vnm_mask(f, *self.pattern, self.chunk)).sum().item() for f in flat) / sum(
                     f.sum().item() for f in flat
                 )
         flips = math.nan
@@ -247,7 +251,7 @@ def train_one(
             local = sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
         return distributed.mean(local, d, device)
 
-    health = Health(model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp")
+    health = Health(model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk)
     result = RunResult(name)
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)

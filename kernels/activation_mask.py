@@ -5,7 +5,14 @@ Each block keeps 4 of its M columns, the 4 with the largest column L1 norm over 
 block's V tokens (accumulated in float32); inside those 4 columns every row keeps its
 N largest entries. Density N/M. 2:4 along features is V=1, N=2, M=4.
 
-Ties, both steps: the lower column index wins (the order of a stable descending sort).
+Neuron chunks (``c`` > 1): the unit a block keeps or drops is a chunk of c adjacent hidden
+units. H is cut into blocks of V tokens x M chunks of c units (M*c features); each block keeps the
+4 chunks of largest L1 norm over its V tokens and c units; inside them every row keeps, at each of
+the c offsets, its N largest of the 4 chunks' entries. c = 1 is the pattern above. A hidden unit
+is then nonzero only in the token blocks that kept its chunk, which makes dW = (.)^T (.) block-
+sparse along tokens (kernels/chunk_wgrad_triton.py).
+
+Ties, both steps: the lower column (chunk) index wins (the order of a stable descending sort).
 Kept column ids are stored ascending. Column choice ranks each column by the number of columns
 with a larger norm plus those with an equal norm at a lower index ([..., M, M] comparisons on
 the small [T/V, F/M, M] norm tensor); the in-row choice is N rounds of argmax (first maximum).
@@ -14,14 +21,16 @@ the small [T/V, F/M, M] norm tensor); the in-row choice is N rounds of argmax (f
 import torch
 
 
-def _check(h: torch.Tensor, v: int, n: int, m: int) -> None:
+def _check(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> None:
     if h.dim() != 2:
         raise ValueError(f"vnm: expected a 2-D activation [T, F], got shape {tuple(h.shape)}")
     t, f = h.shape
     if t % v:
         raise ValueError(f"vnm: token count T={t} is not a multiple of V={v}")
-    if f % m:
+    if c == 1 and f % m:
         raise ValueError(f"vnm: feature count F={f} is not a multiple of M={m}")
+    if c < 1 or f % (m * c):
+        raise ValueError(f"vnm: feature count F={f} is not a multiple of M*c = {m}*{c} (groups of M chunks of c units)")
     if n not in (1, 2, 4) or m % 4 or m < 4:
         raise ValueError(f"vnm: pattern {v}:{n}:{m} needs N in (1, 2, 4) and M a multiple of 4")
 
@@ -35,57 +44,60 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     return ahead.sum(-1) < k
 
 
-def _vnm(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen [T/V, F/M, M]: the 4 columns of largest float32 L1 norm per V x M block,
-    keep [T/V, V, F/M, M]: the V:N:M mask)."""
-    _check(h, v, n, m)
+def _vnm(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen [T/V, F/(M c), M]: the 4 chunks of largest float32 L1 norm per V x M-chunk block,
+    keep [T/V, V, F/(M c), M, c]: the V:N:M mask)."""
+    _check(h, v, n, m, c)
     t, f = h.shape
-    blocks = h.reshape(t // v, v, f // m, m)
-    chosen = top_k_mask(blocks.sum(dim=1, dtype=torch.float32), 4)
+    blocks = h.reshape(t // v, v, f // (m * c), m, c)
+    chosen = top_k_mask(blocks.sum(dim=(1, 4), dtype=torch.float32), 4)
     if n == 4:
-        return chosen, chosen.unsqueeze(1).expand(t // v, v, f // m, m)
-    # N rounds of argmax over each row's M-group, unchosen columns at -inf: argmax returns the
-    # first maximum, so ties go to the lower column, as in a stable descending sort.
-    ranked = torch.where(chosen.unsqueeze(1), blocks, float("-inf"))
+        return chosen, chosen[:, None, :, :, None].expand(blocks.shape)
+    # N rounds of argmax over the M chunks at each row and offset, unchosen chunks at -inf: argmax
+    # returns the first maximum, so ties go to the lower chunk, as in a stable descending sort.
+    ranked = torch.where(chosen[:, None, :, :, None], blocks, float("-inf"))
     keep = torch.zeros(ranked.shape, dtype=torch.bool, device=h.device)
     for _ in range(n):
-        best = ranked.argmax(dim=-1, keepdim=True)
-        keep.scatter_(-1, best, True)
-        ranked.scatter_(-1, best, float("-inf"))
+        best = ranked.argmax(dim=3, keepdim=True)
+        keep.scatter_(3, best, True)
+        ranked.scatter_(3, best, float("-inf"))
     return chosen, keep
 
 
-def vnm_mask(h: torch.Tensor, v: int, n: int, m: int) -> torch.Tensor:
-    """Boolean mask [T, F] of the V:N:M pattern of ``h`` (see module docstring)."""
-    return _vnm(h, v, n, m)[1].reshape(h.shape)
+def vnm_mask(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> torch.Tensor:
+    """Boolean mask [T, F] of the V:N:M pattern of ``h`` with c-unit chunks (see module docstring)."""
+    return _vnm(h, v, n, m, c)[1].reshape(h.shape)
 
 
-def vnm_select(h: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept columns and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
+def vnm_select(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept chunks and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
 
-    Returns ``cols`` int64 [T/V, F/M, 4]: kept column ids inside each M-group, ascending;
-    and ``keep`` bool [T, F/M, 4]: which of those 4 each row keeps (N per row).
+    Returns ``cols`` int64 [T/V, F/(M c), 4]: kept chunk ids inside each group of M chunks,
+    ascending; and ``keep`` bool [T, F/(M c), 4 c]: which of those 4 each row keeps at each
+    offset o (entry j c + o for chunk j; N per row and offset).
     """
-    chosen, mask = _vnm(h, v, n, m)
+    chosen, mask = _vnm(h, v, n, m, c)
     t, f = h.shape
+    g = f // (m * c)
     ids = torch.arange(m, device=h.device).expand_as(chosen)
     cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
-    keep = torch.gather(mask, 3, cols.unsqueeze(1).expand(t // v, v, f // m, 4))
-    return cols, keep.reshape(t, f // m, 4)
+    keep = torch.gather(mask, 3, cols[:, None, :, :, None].expand(t // v, v, g, 4, c))
+    return cols, keep.reshape(t, g, 4 * c)
 
 
 def vnm_compact_ref(
-    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int
+    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The compact V:N:M form of H = relu(z + bias)^2 (z [T, F], bias [F] or None), in z's dtype.
 
     Returns ``h_c`` [T, F*4/M]: the 4 kept columns of each M-group (ascending), entries a row
     does not keep set to 0; ``r_c`` [T, F*4/M]: relu(z + bias) at the same places (what backward
     needs); ``ids`` int32 [T/V, F*4/M]: the absolute column of each compact column.
+    With chunks (c > 1) each group's 4 kept chunks lie side by side, c columns each.
     """
     r = torch.relu(z if bias is None else z + bias)
     h = r * r
-    (h_c, r_c), ids = _compact(h, (h, r), v, n, m)
+    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c)
     return h_c, r_c, ids
 
 
@@ -96,12 +108,13 @@ def vnm_compact_abs_ref(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.
     return x_c, ids
 
 
-def _compact(score: torch.Tensor, values: tuple[torch.Tensor, ...], v: int, n: int, m: int):
+def _compact(score: torch.Tensor, values: tuple[torch.Tensor, ...], v: int, n: int, m: int, c: int = 1):
     """Each of ``values`` at the kept places of the V:N:M pattern of ``score`` (compact, 0 where a
     row drops the entry), and the int32 ids of the compact columns."""
-    cols, keep = vnm_select(score, v, n, m)
+    cols, keep = vnm_select(score, v, n, m, c)
     t, f = score.shape
-    ids = (cols + m * torch.arange(f // m, device=score.device).unsqueeze(-1)).reshape(t // v, f * 4 // m)
+    g = torch.arange(f // (m * c), device=score.device)[:, None, None] * (m * c)
+    ids = (g + cols[..., None] * c + torch.arange(c, device=score.device)).reshape(t // v, f * 4 // m)
     rows = ids.repeat_interleave(v, dim=0)
     keep = keep.reshape(t, f * 4 // m)
     return tuple(x.gather(1, rows) * keep for x in values), ids.to(torch.int32)

@@ -24,12 +24,14 @@ def sqrelu_ffn_forward_ref(
     w2: torch.Tensor,
     b2: torch.Tensor | None,
     pattern: tuple[int, int, int] | None,
+    chunk: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H)."""
+    """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H), kept
+    in chunks of ``chunk`` hidden units."""
     r = torch.relu(F.linear(x, w1, b1))
     h = r * r
     if pattern is not None:
-        keep = vnm_mask(h, *pattern)
+        keep = vnm_mask(h, *pattern, chunk)
         r = r * keep
         h = h * keep
     return F.linear(h, w2, b2), r

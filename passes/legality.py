@@ -73,6 +73,11 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     pattern = config.activation_pattern
     if pattern is not None and not guard_or_false(h % pattern[2] == 0):
         return f"activations {config.activations} need hidden % M == 0; got hidden={h}, M={pattern[2]}"
+    if pattern is not None and config.chunk > 1 and not guard_or_false(h % (pattern[2] * config.chunk) == 0):
+        return (
+            f"activations {config.activations} in chunks of {config.chunk} need hidden % (M * chunk) == 0; "
+            f"got hidden={h}, M * chunk={pattern[2] * config.chunk}"
+        )
     return None
 
 

@@ -59,6 +59,10 @@ class SparsityConfig:
         way of the exact ones, with 35-60% relative error (bench/RESULTS.md at afb7342, 4e, 4l): for
         experiments, not for speed.
     weight_grad_dense_frac: with "tokens:...", the fraction of hidden units (the densest) kept exact.
+    chunk: hidden units per kept column of a V:N:M pattern ("neuron chunks", kernels/activation_mask.py):
+        each block of V tokens keeps 4 of every M chunks of ``chunk`` adjacent units. 1 (default) is
+        the plain pattern; > 1 makes the weight gradients block-sparse along tokens. Needs V:N:M
+        activations with V > 1, and hidden % (M * chunk) == 0 at a site (else the site stays dense).
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -71,6 +75,7 @@ class SparsityConfig:
     weight_grad: str = "dense"
     weight_grad_dense_frac: float = 0.02
     kernels: str = "auto"
+    chunk: int = 1
     min_hidden: int = 0
     masked_decay: float = 0.0
 
@@ -83,6 +88,13 @@ class SparsityConfig:
         frac = self.weight_grad_dense_frac
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
             raise ValueError(f"SparsityConfig.weight_grad_dense_frac={frac!r}: expected a float in [0, 1]")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"SparsityConfig.chunk={self.chunk!r}: expected an int >= 1 (units per kept column)")
+        if self.chunk > 1 and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):
+            raise ValueError(
+                f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1; "
+                f"got activations={self.activations!r}"
+            )
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
         if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
@@ -120,6 +132,7 @@ class SparsityConfig:
         return (
             f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels};"
             f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
+            + (f";chunk={self.chunk}" if self.chunk > 1 else "")
         )
 
 

@@ -15,6 +15,8 @@ def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
     ``tokV:N:M`` marks the token-dim approximation of B2/B4."""
     w = f"W{config.weights}" if config.weights else ""
     a = f"A{config.activations}" if config.activations else ""
+    if a and config.chunk > 1:
+        a += f"c{config.chunk}"  # in chunks of c units
 
     def both(*parts: str) -> str:
         return "+".join(p for p in parts if p) or "dense"

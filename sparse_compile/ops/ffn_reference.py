@@ -34,7 +34,7 @@ def sqrelu_ffn(
     check_inputs(x, w1, w2)
     x2 = x.reshape(-1, x.shape[-1])
     pattern = activation_pattern_for(parse_spec(spec), x2.shape[0])
-    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern)
+    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, parse_spec(spec).chunk)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
 

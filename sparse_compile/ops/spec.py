@@ -27,6 +27,7 @@ class OpSpec:
     f1_alg: int | None = None  # F1 through cuSPARSELt with this algorithm id (2:4 weights, sm90)
     dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS instead of the gather kernels
     act24_alg: int | None = None  # 2:4 activations: F2 and B3 through cuSPARSELt with this id (-1: cuBLAS)
+    chunk: int = 1  # hidden units per kept column of the V:N:M pattern
 
 
 @functools.cache
@@ -50,6 +51,7 @@ def parse_spec(spec: str) -> OpSpec:
         f1_alg=int(fields["f1_alg"]) if "f1_alg" in fields else None,
         dense_gemms=dense_gemms,
         act24_alg=int(fields["act24_alg"]) if "act24_alg" in fields else None,
+        chunk=int(fields.get("chunk", 1)),
     )
 
 

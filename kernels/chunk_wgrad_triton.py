@@ -1,0 +1,125 @@
+"""Weight gradients from a compact chunked V:N:M operand, block-sparse along tokens (Triton).
+
+With neuron chunks (kernels/activation_mask.py, c >= 16) hidden unit u is nonzero only in the
+token blocks that kept its chunk u // c, so
+
+    out[u, :] = sum_t A[t, u] * B[t, :] = sum over the blocks b that kept chunk u // c of
+                A_c[bV:(b+1)V, p:p+c]^T B[bV:(b+1)V, :]
+
+with A_c the compact operand [T, Kc] and p the compact column where block b stores that chunk.
+B2 = dW2 = dY^T H~ is out^T with A = r_c squared (H~ = R~^2, rounded once to the dtype, as the
+scatter does) and B = dY; B4 = dW1 = dZ~^T X is out with A = dz_c and B = X. No [T, h] operand is
+formed: the scatters that fed the dense B2/B4 are gone, and the GEMMs do keep-fraction x the work.
+
+Layout: ``chunk_csr`` lists, for each chunk, the (block, compact column) pairs that hold it
+(a stable sort of the chunk ids of ids[:, ::c]; O(T/V x Kc/c) elements). One program computes a
+[BLOCK_D, c] tile of out^T for one chunk, its K loop running over that chunk's blocks in V/BLOCK_K
+steps; dense tensor cores (M = BLOCK_D, N = c). Reference: ``chunk_wgrad_ref`` (scatter, then a
+dense product in float32).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from sparse_compile.kernels.gather_reference import vnm_scatter_ref
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(offsets int32 [h/c + 1], blocks int32 [E], cols int32 [E]): chunk j is held by block
+    blocks[e] at compact column cols[e], for e in [offsets[j], offsets[j + 1]), blocks ascending."""
+    nb, kc = ids.shape
+    chunks = (ids[:, ::c] // c).reshape(-1).long()  # [nb * kc/c]
+    order = torch.sort(chunks, stable=True).indices
+    counts = torch.bincount(chunks, minlength=h // c)
+    offsets = torch.zeros(h // c + 1, dtype=torch.int32, device=ids.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    per_block = kc // c
+    return offsets, (order // per_block).to(torch.int32), ((order % per_block) * c).to(torch.int32)
+
+
+@triton.jit
+def _chunk_wgrad_kernel(
+    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, V,
+    stride_a, stride_b, stride_out_u, stride_out_d,
+    C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
+):  # fmt: skip
+    chunk = tl.program_id(0)
+    d0 = tl.program_id(1) * BLOCK_D
+    dd = d0 + tl.arange(0, BLOCK_D)
+    d_ok = dd < D
+    oc = tl.arange(0, C)
+    ok = tl.arange(0, BLOCK_K)
+    start = tl.load(offsets_ptr + chunk)
+    end = tl.load(offsets_ptr + chunk + 1)
+    acc = tl.zeros((BLOCK_D, C), dtype=tl.float32)
+    for e in range(start, end):
+        row0 = tl.load(blocks_ptr + e).to(tl.int64) * V
+        col = tl.load(cols_ptr + e)
+        for k in range(0, V, BLOCK_K):
+            rows = row0 + k + ok
+            a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
+            if SQUARE:
+                a = (a.to(tl.float32) * a.to(tl.float32)).to(a_ptr.dtype.element_ty)  # H~ = R~^2, one rounding
+            b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
+            acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
+    units = chunk * C + oc
+    dst = out_ptr + units[None, :].to(tl.int64) * stride_out_u + dd[:, None].to(tl.int64) * stride_out_d
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
+
+
+def _check(a: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, c: int, h: int) -> None:
+    t, kc = a.shape
+    if a.dtype not in _DTYPES or b.dtype != a.dtype or ids.dtype != torch.int32:
+        raise ValueError(f"chunk_wgrad: a {a.dtype}, b {b.dtype} (one of {_DTYPES}, equal), ids {ids.dtype} (int32)")
+    if v < 1 or t % v or ids.shape != (t // v, kc) or b.shape[0] != t or kc % c or h % c:
+        raise ValueError(
+            f"chunk_wgrad: a {tuple(a.shape)}, ids {tuple(ids.shape)}, b {tuple(b.shape)}, "
+            f"V={v}, c={c}, h={h} do not match"
+        )
+
+
+def chunk_wgrad(
+    a: torch.Tensor,
+    ids: torch.Tensor,
+    b: torch.Tensor,
+    v: int,
+    c: int,
+    h: int,
+    square: bool = False,
+    transpose: bool = False,
+    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
+    chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
+    c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built."""
+    _check(a, ids, b, v, c, h)
+    if c < 16 or c & (c - 1) or v % 16:
+        raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
+    a = a if a.stride(1) == 1 else a.contiguous()
+    b = b if b.stride(1) == 1 else b.contiguous()
+    offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
+    d = b.shape[1]
+    out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
+    su, sd = (1, h) if transpose else (d, 1)
+    block_d = 128 if a.device.type == "cuda" else 32
+    block_k = 64 if v % 64 == 0 else 16
+    grid = (h // c, triton.cdiv(d, block_d))
+    _chunk_wgrad_kernel[grid](
+        a, b, out, offsets, blocks, cols, d, v, a.stride(0), b.stride(0), su, sd,
+        C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square,
+        num_warps=8 if a.device.type == "cuda" else 4, num_stages=3,
+    )  # fmt: skip
+    return out
+
+
+def chunk_wgrad_ref(
+    a: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, h: int, square: bool = False
+) -> torch.Tensor:
+    """scatter(a)^T @ b [h, D] in float32, rounded to a's dtype: the dense product the kernel skips zeros of."""
+    if square:
+        a = a * a
+    dense = vnm_scatter_ref(a, ids, v, h)
+    return (dense.float().t() @ b.float()).to(a.dtype)

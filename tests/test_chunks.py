@@ -1,0 +1,101 @@
+"""Neuron chunks: the chunked V:N:M pattern (reference), its selection and weight-gradient kernels
+(Triton interpreter, fp16/fp32), the config field and the FFN op against the oracle."""
+
+import itertools
+import os
+
+import pytest
+import torch
+
+from sparse_compile import SparsityConfig
+from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
+
+PATTERNS = [(32, 2, 8, 16), (16, 1, 4, 32), (32, 4, 8, 16), (64, 2, 16, 16)]  # (V, N, M, c)
+
+
+def _brute_mask(h: torch.Tensor, v: int, n: int, m: int, c: int) -> torch.Tensor:
+    """The chunked pattern by loops: chunk norms in float64, stable descending sorts."""
+    t, f = h.shape
+    keep = torch.zeros(t, f, dtype=torch.bool)
+    for b, g in itertools.product(range(t // v), range(f // (m * c))):
+        rows = slice(b * v, (b + 1) * v)
+        base = g * m * c
+        norms = [h[rows, base + j * c : base + (j + 1) * c].double().sum().item() for j in range(m)]
+        chosen = sorted(sorted(range(m), key=lambda j: -norms[j])[:4])  # sorted() is stable: ties to lower j
+        for r in range(b * v, (b + 1) * v):
+            for o in range(c):
+                vals = [h[r, base + j * c + o].item() for j in chosen]
+                for i in sorted(range(4), key=lambda i: -vals[i])[:n]:
+                    keep[r, base + chosen[i] * c + o] = True
+    return keep
+
+
+@pytest.mark.parametrize("v,n,m,c", [(4, 2, 4, 2), (2, 1, 8, 3), (4, 4, 8, 2), (8, 2, 4, 4)])
+def test_reference_matches_a_loop_and_keeps_chunks_whole(v, n, m, c):
+    torch.manual_seed(v * 100 + c)
+    h = torch.randn(2 * v, 2 * m * c).relu().square()
+    mask = vnm_mask(h, v, n, m, c)
+    assert torch.equal(mask, _brute_mask(h, v, n, m, c))
+    blocks = mask.reshape(2, v, 2, m, c)
+    chunk_used = blocks.any(dim=(1, 4))  # [T/V, groups, M]
+    assert (chunk_used.sum(-1) <= 4).all()  # at most 4 chunks per group and block
+    assert (blocks.sum(dim=3) <= n).all()  # at most N of the group per row and offset
+    # a unit is nonzero only in the blocks that kept its chunk: the structure B2/B4 skip work on
+    assert not (blocks & ~chunk_used[:, None, :, :, None]).any()
+
+
+def test_chunk_one_is_the_plain_pattern():
+    h = torch.randn(64, 64).relu().square()
+    assert torch.equal(vnm_mask(h, 16, 2, 8, 1), vnm_mask(h, 16, 2, 8))
+    z = torch.randn(64, 64)
+    for a, b in zip(vnm_compact_ref(z, None, 16, 2, 8, 1), vnm_compact_ref(z, None, 16, 2, 8), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_config_validates_chunk():
+    assert SparsityConfig(activations="128:2:16", chunk=32).op_spec().endswith(";chunk=32")
+    assert "chunk" not in SparsityConfig(activations="128:2:16").op_spec()
+    for bad in (0, -1, True, 2.0, "32"):
+        with pytest.raises(ValueError, match=r"SparsityConfig.chunk=.*expected an int >= 1"):
+            SparsityConfig(activations="128:2:16", chunk=bad)
+    for act in ("2:4", None):
+        with pytest.raises(ValueError, match="chunk=32 needs V:N:M activations with V > 1"):
+            SparsityConfig(weights="2:4", activations=act, chunk=32)
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+@pytest.mark.parametrize("v,n,m,c", PATTERNS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_select_kernel_matches_reference(interpreter, v, n, m, c, dtype):
+    from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+
+    torch.manual_seed(c + m)
+    h = 2 * m * c
+    z = torch.randn(2 * v, h, dtype=dtype)
+    bias = torch.randn(h, dtype=dtype)
+    for b in (None, bias):
+        for got, want in zip(vnm_select_chunks(z, b, v, n, m, c), vnm_compact_ref(z, b, v, n, m, c), strict=True):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.float32, 1e-5)])
+def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
+
+    torch.manual_seed(1)
+    t, h, d, v, n, m, c = 128, 512, 48, 32, 2, 8, 16
+    _, r_c, ids = vnm_compact_ref(torch.randn(t, h, dtype=dtype), None, v, n, m, c)
+    b = torch.randn(t, d, dtype=dtype)
+    for square in (False, True):
+        want = chunk_wgrad_ref(r_c, ids, b, v, h, square=square).float()
+        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square).float()
+        assert (got - want).norm() / want.norm() < tol
+        got_t = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=True)
+        assert got_t.is_contiguous() and torch.equal(got_t.t().float(), got)
+    with pytest.raises(ValueError, match="c=8 must be a power of two >= 16"):
+        chunk_wgrad(r_c, ids, b, v, 8, h)
