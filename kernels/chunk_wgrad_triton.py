@@ -42,32 +42,40 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
 
 @triton.jit
 def _chunk_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, V,
-    stride_a, stride_b, stride_out_u, stride_out_d,
+    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
+    TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr,
 ):  # fmt: skip
     chunk = tl.program_id(0)
-    d0 = tl.program_id(1) * BLOCK_D
-    dd = d0 + tl.arange(0, BLOCK_D)
+    dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
     oc = tl.arange(0, C)
     ok = tl.arange(0, BLOCK_K)
     start = tl.load(offsets_ptr + chunk)
-    end = tl.load(offsets_ptr + chunk + 1)
+    ksteps = V // BLOCK_K
+    n_iter = (tl.load(offsets_ptr + chunk + 1) - start) * ksteps
     acc = tl.zeros((BLOCK_D, C), dtype=tl.float32)
-    for e in range(start, end):
-        row0 = tl.load(blocks_ptr + e).to(tl.int64) * V
-        col = tl.load(cols_ptr + e)
-        for k in range(0, V, BLOCK_K):
-            rows = row0 + k + ok
-            a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
-            if SQUARE:
-                a = (a.to(tl.float32) * a.to(tl.float32)).to(a_ptr.dtype.element_ty)  # H~ = R~^2, one rounding
+    # one flat loop over (kept block, K step), so the loads of the next step are issued under this
+    # step's dot (the index loads cost a pipeline stage, as in gather_k)
+    for i in range(0, n_iter):
+        e = start + i // ksteps
+        row0 = tl.load(blocks_ptr + e) * V + (i % ksteps) * BLOCK_K
+        col = tl.multiple_of(tl.load(cols_ptr + e), C)
+        rows = (row0.to(tl.int64) if I64 else row0) + ok
+        a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
+        if SQUARE:
+            a = (a.to(tl.float32) * a.to(tl.float32)).to(a_ptr.dtype.element_ty)  # H~ = R~^2, one rounding
+        if EVEN_D:
+            b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
+        else:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
-            acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
+        acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
     units = chunk * C + oc
-    dst = out_ptr + units[None, :].to(tl.int64) * stride_out_u + dd[:, None].to(tl.int64) * stride_out_d
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
+    if TRANSPOSE:  # out [D, H]
+        dst = dd[:, None].to(tl.int64) * H + units[None, :]
+    else:  # out [H, D]
+        dst = units[None, :].to(tl.int64) * D + dd[:, None]
+    tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
 
 
 def _check(a: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, c: int, h: int) -> None:
@@ -103,14 +111,14 @@ def chunk_wgrad(
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
-    su, sd = (1, h) if transpose else (d, 1)
     block_d = 128 if a.device.type == "cuda" else 32
     block_k = 64 if v % 64 == 0 else 16
+    i64 = max(a.shape[0] * a.stride(0), b.shape[0] * b.stride(0)) >= 2**31
     grid = (h // c, triton.cdiv(d, block_d))
     _chunk_wgrad_kernel[grid](
-        a, b, out, offsets, blocks, cols, d, v, a.stride(0), b.stride(0), su, sd,
-        C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square,
-        num_warps=8 if a.device.type == "cuda" else 4, num_stages=3,
+        a, b, out, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
+        C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
+        I64=i64, num_warps=4, num_stages=3,
     )  # fmt: skip
     return out
 

@@ -9,6 +9,9 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
   B3  dX = dZ_c @ W1[ids]               gather-K GEMM
   B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand (or the
   B4  dW1 = scatter(dZ_c)^T X           token-dim approximation, kernels/weight_grad_gather.py)
+With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
+and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py): no
+scatter, no [T, h] tensor, keep-fraction x the dense work.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
@@ -19,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
@@ -46,14 +51,20 @@ def sqrelu_ffn_forward_gather(
     m: int,
     f1_alg: int | None = None,
     dense: frozenset[str] = frozenset(),
+    chunk: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
-    cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS."""
+    cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
+    ``chunk``: units per kept column (then F2 always gathers)."""
+    _check_chunk(chunk, dense)
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
         z = cslt_linear(x, w1, b1, f1_alg)
-    h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
+    if chunk > 1:
+        h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk)
+    else:
+        h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
     del z
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
@@ -74,16 +85,26 @@ def sqrelu_ffn_backward_gather(
     weight_grad: tuple[int, int, int] | None = None,
     dense_frac: float = 0.0,
     dense: frozenset[str] = frozenset(),
+    chunk: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
     "B1" / "B3" in ``dense``: those on cuBLAS.
 
     With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation: on the gather-K GEMM
-    (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math."""
+    (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
+    With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on r_c and dZ_c."""
+    _check_chunk(chunk, dense, weight_grad)
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
         dz_c = gather_n_mm(dy, transpose_copy(w2), ids, v, r_c)
+    if chunk > 1:
+        hidden = w1.shape[0]
+        csr = chunk_csr(ids, chunk, hidden)
+        dw2 = chunk_wgrad(r_c, ids, dy, v, chunk, hidden, square=True, transpose=True, csr=csr)
+        dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
+        dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
+        return dx, dw1, _db1(dz_c, ids, v, hidden), dw2, dy.sum(0)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h
@@ -101,7 +122,19 @@ def sqrelu_ffn_backward_gather(
         del h
     dx = dz @ w1 if "B3" in dense else gather_k_mm(dz_c, ids, w1.contiguous(), v)
     del dz
-    # db1 from the compact dZ: per-block column sums, added at their columns (reads T*Kc, not T*h)
+    return dx, dw1, _db1(dz_c, ids, v, w1.shape[0]), dw2, dy.sum(0)
+
+
+def _db1(dz_c: torch.Tensor, ids: torch.Tensor, v: int, h: int) -> torch.Tensor:
+    """db1 [h] from the compact dZ: per-block column sums added at their columns (reads T*Kc, not T*h)."""
     sums = dz_c.view(-1, v, dz_c.shape[1]).sum(1, dtype=torch.float32)
-    db1 = torch.zeros(w1.shape[0], device=dy.device, dtype=torch.float32).index_add_(0, ids.flatten(), sums.flatten())
-    return dx, dw1, db1.to(dy.dtype), dw2, dy.sum(0)
+    db1 = torch.zeros(h, device=dz_c.device, dtype=torch.float32).index_add_(0, ids.flatten(), sums.flatten())
+    return db1.to(dz_c.dtype)
+
+
+def _check_chunk(chunk: int, dense: frozenset[str], weight_grad: tuple[int, int, int] | None = None) -> None:
+    if chunk > 1 and (dense or weight_grad is not None or chunk < 16 or chunk & (chunk - 1)):
+        raise ValueError(
+            f"ffn_gather: chunk={chunk} runs with every GEMM gathered (dense={sorted(dense)}), exact weight "
+            f"gradients (weight_grad={weight_grad}) and chunk a power of two >= 16"
+        )

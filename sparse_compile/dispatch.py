@@ -3,7 +3,8 @@
   "reference"          pure torch, masked dense math (CPU; and CUDA under kernels="reference")
   "reference (cuda)"   the same on CUDA: masked dense cuBLAS GEMMs, no faster than dense
   "triton gather"      V:N:M activations on the compact operand (kernels/ffn_gather.py):
-                       F2, B1, B3 on K reduced by M/4, exact B2/B4 on cuBLAS
+                       F2, B1, B3 on K reduced by M/4, exact B2/B4 on cuBLAS; with neuron
+                       chunks (chunk a power of two >= 16) B2/B4 block-sparse along tokens
   "2:4 weight linears" 2:4 weights alone: the FFN's two linears become sparse_compile::linear_24
                        (F1, F2 and their dX GEMMs B3, B1 on cuSPARSELt where it measured faster,
                        with W~ or W~^T as the sparse operand), relu and square stay in the graph
@@ -93,7 +94,7 @@ def plan_kernels(
         return _plan_w24(device, dtype, tokens, config, d, h)
     if pattern == (1, 2, 4):
         return _plan_24(device, dtype, tokens, config, d, h)
-    v = pattern[0]
+    v, _, m = pattern
     if v % 16:
         return _reference(device.type, f"V={v}: the gather kernels need V a multiple of 16")
     if not statically_known_true(tokens % v == 0):
@@ -102,12 +103,21 @@ def plan_kernels(
         return _reference(device.type, f"{str(dtype).removeprefix('torch.')}: the fast kernels are bf16/fp16")
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return _reference(device.type, "GPU older than sm80")
+    c = config.chunk
+    if c > 1 and (c < 16 or c & (c - 1) or (m * c) & (m * c - 1) or config.weight_grad_pattern is not None):
+        return _reference(
+            device.type,
+            f"chunks of {c}: the gather path needs chunk a power of two >= 16, M*chunk a power of two "
+            f"and exact weight gradients (M={m}, weight_grad={config.weight_grad})",
+        )
     if device.type != "cuda" or not (d and h):
         return KernelPlan(GATHER, True)
     t = _hint(tokens)
     f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h)
     dense, gemm_why = frozenset(), ""
-    if config.kernels == "auto":
+    if c > 1:
+        gemm_why = f"chunks of {c}: F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
+    elif config.kernels == "auto":
         from sparse_compile import gather_choice
 
         if t is None:

@@ -51,7 +51,7 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
         pattern = config.activation_pattern
         h2 = h.reshape(-1, h.shape[-1])
         if pattern is not None and h2.shape[0] % pattern[0] == 0:
-            h = h * vnm_mask(h2.detach(), *pattern).reshape(h.shape)
+            h = h * vnm_mask(h2.detach(), *pattern, config.chunk).reshape(h.shape)
         x = x + F.linear(h, ste(b.proj.weight), b.proj.bias)
     return x
 

@@ -1,6 +1,7 @@
 """Neuron chunks: the chunked V:N:M pattern (reference), its selection and weight-gradient kernels
 (Triton interpreter, fp16/fp32), the config field and the FFN op against the oracle."""
 
+import dataclasses
 import itertools
 import os
 
@@ -99,3 +100,31 @@ def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
         assert got_t.is_contiguous() and torch.equal(got_t.t().float(), got)
     with pytest.raises(ValueError, match="c=8 must be a power of two >= 16"):
         chunk_wgrad(r_c, ids, b, v, 8, h)
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_compiled_model_matches_oracle(interpreter, kernels):
+    """torch.compile(backend='sparse') with chunks: reference op on CPU, or the gather path with the
+    chunked selection and block-sparse B2/B4 kernels under the interpreter; numbers = the oracle."""
+    from sparse_compile.dispatch import GATHER
+
+    from .test_backend import assert_compiled_matches_oracle
+
+    config = SparsityConfig(activations="16:2:8", chunk=16, kernels=kernels)
+    report = assert_compiled_matches_oracle(config, torch.randn(2, 32, 32), 1e-4)
+    assert len(report.sparse_sites) == 2
+    if kernels == "triton":
+        assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
+    assert report.sparse_sites[0].patterns["B2"] == "A16:2:8c16"
+
+
+def test_chunks_the_kernels_cannot_take_run_the_reference():
+    from sparse_compile.dispatch import plan_kernels
+
+    for config in (
+        SparsityConfig(activations="128:2:16", chunk=8),
+        SparsityConfig(activations="128:2:12", chunk=16),
+        SparsityConfig(activations="128:2:16", chunk=32, weight_grad="tokens:128:2:16"),
+    ):
+        plan = plan_kernels(torch.device("cpu"), torch.float16, 256, dataclasses.replace(config, kernels="triton"))
+        assert plan.kernel == "reference" and plan.why.startswith(f"chunks of {config.chunk}: the gather path needs")

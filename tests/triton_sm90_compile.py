@@ -36,6 +36,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from sparse_compile.kernels import act24_cslt_triton as act24_cslt  # noqa: E402
 from sparse_compile.kernels import activation_24_triton as act24  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
+from sparse_compile.kernels import chunk_select_triton as chunk_select  # noqa: E402
+from sparse_compile.kernels import chunk_wgrad_triton as chunk_wgrad  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import cslt_compress_triton as cslt  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
@@ -135,6 +137,26 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
             types["out_ptr"] = "*bf16"
             cases.append((f"gather_n{suffix} {cfg.kwargs}", gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
+    for m, c in ((16, 32), (8, 64), (16, 16)):
+        ce = {"M": m, "C": c, "N": 2, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False}
+        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids M C N ROWS HAS_BIAS"
+        types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
+        cases.append((f"chunk select M={m} c={c}", chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
+    for c, square in ((32, True), (64, False), (16, False)):
+        ce = {
+            "C": c,
+            "BLOCK_D": 128,
+            "BLOCK_K": 64,
+            "SQUARE": square,
+            "TRANSPOSE": square,
+            "EVEN_D": True,
+            "I64": False,
+        }
+        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64"
+        types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+        types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
+        cases.append((f"chunk wgrad c={c}", chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
     return cases
 
 

@@ -35,7 +35,7 @@ def sqrelu_ffn_vnm(
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
-    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms)
+    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
 
 
@@ -68,7 +68,7 @@ def sqrelu_ffn_vnm_backward(
     op = parse_spec(spec)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
-        dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms
+        dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
     )
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
