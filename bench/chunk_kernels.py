@@ -1,0 +1,114 @@
+"""python -m bench.chunk_kernels: the neuron-chunk kernels against their ceilings (CUDA).
+
+Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
+  select       kernels/chunk_select_triton.py vs copy bandwidth (bytes: Z read once, h_c and r_c
+               written, ids), beside the plain selection kernel (chunk 1) on the same Z
+  B2, B4       kernels/chunk_wgrad_triton.py vs cuBLAS on the dense product (dY^T H~ [d, T] x [T, h],
+               dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
+               left at keep 4/M)
+  scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
+  csr          building the per-chunk block lists (once per step, shared by B2 and B4)
+Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
+the dense product, relative error). --csv writes the rows with device, versions and revision.
+"""
+
+import argparse
+import sys
+
+import torch
+import triton.testing
+from tabulate import tabulate
+
+from bench.env import environment, write_csv
+from bench.gpu_timing import copy_gbps
+from sparse_compile.kernels.activation_mask import vnm_compact_ref
+from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad
+from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.gather_reference import vnm_scatter_ref
+
+
+def _ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def measure(t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    z = torch.randn(t, h, device="cuda", generator=g).bfloat16()
+    x = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    label = {"T": t, "d": d, "h": h, "pattern": f"{v}:{n}:{m}", "chunk": c}
+    rows = []
+
+    h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, c)
+    exact = all(torch.equal(a, b) for a, b in zip((h_c, r_c, ids), vnm_compact_ref(z, None, v, n, m, c), strict=True))
+    nbytes = 2 * z.numel() + 2 * 2 * h_c.numel() + 4 * ids.numel()
+    ms = _ms(lambda: vnm_select_chunks(z, None, v, n, m, c))
+    plain = _ms(lambda: vnm_select_compact(z, None, v, n, m))
+    rows.append({**label, "kernel": "select", "ms": ms, "of ceiling": nbytes / ms / 1e6 / copy, "check": exact,
+                 "baseline": "chunk 1", "baseline ms": plain})  # fmt: skip
+
+    kc = h_c.shape[1]
+    keep = kc / h
+    csr = chunk_csr(ids, c, h)
+    rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": True})
+    dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
+    for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
+        got = chunk_wgrad(a, ids, b, v, c, h, square=square, transpose=transpose, csr=csr)
+        dense_a = vnm_scatter_ref(a * a if square else a, ids, v, h)
+        want = dense_a.t() @ b
+        err = _rel(got.t() if transpose else got, want)
+        ms = _ms(
+            lambda a=a, b=b, s=square, tr=transpose: chunk_wgrad(a, ids, b, v, c, h, square=s, transpose=tr, csr=csr)
+        )
+        dense_ms = _ms(lambda a=dense_a, b=b: a.t() @ b)
+        kred = int(t * keep)
+        ceiling = _ms(lambda a=dense_a[:kred], b=b[:kred]: a.t() @ b)
+        rows.append({**label, "kernel": name, "ms": ms, "of ceiling": ceiling / ms, "check": f"rel {err:.1e}",
+                     "baseline": "cuBLAS dense", "baseline ms": dense_ms, "ceiling ms": ceiling})  # fmt: skip
+    _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
+
+    def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice
+        dw2 = dy.t() @ vnm_scatter(r1, ids1, v, m, square=True)
+        return dw2, vnm_scatter(r1, ids1, v, m).t() @ x
+
+    rows.append({**label, "chunk": 1, "kernel": "B2+B4 scatter path", "ms": _ms(scatter_path), "check": True})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chunk_kernels", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--shapes", default="16384,2048,8192;16384,4096,16384", help="T,d,h;...")
+    p.add_argument("--patterns", default="128:2:16", help="V:N:M,...")
+    p.add_argument("--chunks", default="32,64", help="chunk sizes, comma-separated")
+    p.add_argument("--csv", help="write the rows here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    env = environment(torch.device("cuda"), "python -m bench.chunk_kernels", argv)
+    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+    copy = copy_gbps()
+    print(f"measured copy: {copy:.0f} GB/s (read + write)", flush=True)
+    rows = []
+    for shape in args.shapes.split(";"):
+        t, d, h = (int(s) for s in shape.split(","))
+        for pat in args.patterns.split(","):
+            v, n, m = (int(s) for s in pat.split(":"))
+            for c in (int(s) for s in args.chunks.split(",")):
+                rows += measure(t, d, h, v, n, m, c, copy)
+                print(f"{shape} {pat} chunk {c} done", flush=True)
+    keys = ["T", "d", "h", "pattern", "chunk", "kernel", "ms", "of ceiling", "baseline", "baseline ms", "check"]
+    print(tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3f"))
+    if args.csv:
+        write_csv(args.csv, [{**r, **env} for r in rows])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

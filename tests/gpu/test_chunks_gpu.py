@@ -1,0 +1,73 @@
+"""Neuron chunks on a real GPU: the chunked selection bit-exact at full size, the block-sparse
+weight-gradient kernel against the dense product, the op against the reference op and the oracle,
+and a compiled GPT that trains on it like on the reference kernels. Run by hand on H100/H200."""
+
+import pytest
+import torch
+
+from sparse_compile import SparsityConfig
+from sparse_compile.dispatch import GATHER
+from sparse_compile.kernels.activation_mask import vnm_compact_ref
+
+from ..oracle import oracle_ffn
+from .test_cuda_reference import _rel, train_gpt
+from .test_gather_gpu import _poison, ffn_leaves, run_with_grads
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)")
+
+
+@pytest.mark.parametrize("v,n,m,c", [(128, 2, 16, 32), (128, 2, 16, 64), (128, 2, 8, 32), (64, 2, 8, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_selection_is_bit_exact_at_full_size(v, n, m, c, dtype):
+    from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+
+    g = torch.Generator(device="cuda").manual_seed(c)
+    z = torch.randn(16384, 8192, device="cuda", generator=g).to(dtype)
+    bias = (0.1 * torch.randn(8192, device="cuda", generator=g)).to(dtype)
+    _poison()
+    got = vnm_select_chunks(z, bias, v, n, m, c)
+    want = vnm_compact_ref(z, bias, v, n, m, c)
+    for name, a, b in zip(("h_c", "r_c", "ids"), got, want, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("c", [32, 64])
+@pytest.mark.parametrize("square,transpose", [(True, True), (False, False)], ids=["B2", "B4"])
+def test_chunk_wgrad_matches_the_dense_product(c, square, transpose):
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
+
+    t, h, d = 16384, 8192, 2048
+    g = torch.Generator(device="cuda").manual_seed(c)
+    _, r_c, ids = vnm_compact_ref(torch.randn(t, h, device="cuda", generator=g).bfloat16(), None, 128, 2, 16, c)
+    b = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    _poison()
+    got = chunk_wgrad(r_c, ids, b, 128, c, h, square=square, transpose=transpose)
+    want = chunk_wgrad_ref(r_c, ids, b, 128, h, square=square)
+    assert torch.isfinite(got).all()
+    assert _rel(got.t() if transpose else got, want) < 1e-2
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
+    config = SparsityConfig(activations="128:2:16", chunk=chunk)
+    leaves = ffn_leaves(2, dtype)
+    ops = torch.ops.sparse_compile
+    outs = {}
+    for name, op in (("gather", ops.sqrelu_ffn_vnm), ("reference", ops.sqrelu_ffn)):
+        _poison()
+        outs[name] = run_with_grads(op, leaves, None, config.op_spec())
+        assert all(torch.isfinite(o).all() for o in outs[name]), name
+    y_ref, _ = oracle_ffn(*(t.detach() for t in leaves), config)
+    for i, (a, b) in enumerate(zip(outs["gather"], outs["reference"], strict=True)):
+        assert _rel(a, b) < 1e-2, f"output {i}: chunked gather vs reference op"
+    assert _rel(outs["gather"][0], y_ref) < 1e-2
+
+
+def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels():
+    curves = {}
+    for kernels in ("auto", "reference"):
+        curves[kernels], kernel_names, _ = train_gpt({"activations": "128:2:16", "chunk": 32, "kernels": kernels})
+        assert kernel_names == ({GATHER} if kernels == "auto" else {"reference (cuda)"})
+    assert curves["auto"][-1] < curves["auto"][0] - 1.0
+    torch.testing.assert_close(curves["auto"], curves["reference"], rtol=3e-2, atol=3e-2)
