@@ -37,7 +37,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def measure(t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float) -> list[dict]:
+SWEEP = [(128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (128, 64, 8, 4), (64, 128, 4, 4), (256, 128, 8, 2)]
+
+
+def measure(t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float, sweep: bool = False) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     z = torch.randn(t, h, device="cuda", generator=g).bfloat16()
     x = torch.randn(t, d, device="cuda", generator=g).bfloat16()
@@ -71,6 +74,16 @@ def measure(t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float)
         ceiling = _ms(lambda a=dense_a[:kred], b=b[:kred]: a.t() @ b)
         rows.append({**label, "kernel": name, "ms": ms, "of ceiling": ceiling / ms, "check": f"rel {err:.1e}",
                      "baseline": "cuBLAS dense", "baseline ms": dense_ms, "ceiling ms": ceiling})  # fmt: skip
+    if sweep:  # tilings of the B2 kernel: (BLOCK_D, BLOCK_K, warps, stages)
+        want = chunk_wgrad(r_c, ids, dy, v, c, h, square=True, transpose=True, csr=csr)
+        for bd, bk, w, st in SWEEP:
+            kw = dict(square=True, transpose=True, csr=csr, block_d=bd, block_k=bk, num_warps=w, num_stages=st)
+            try:
+                same = torch.equal(chunk_wgrad(r_c, ids, dy, v, c, h, **kw), want)
+                ms = _ms(lambda kw=kw: chunk_wgrad(r_c, ids, dy, v, c, h, **kw))
+            except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
+                same, ms = f"{type(e).__name__}", float("nan")
+            rows.append({**label, "kernel": f"B2 tiling {bd}x{bk} w{w} s{st}", "ms": ms, "check": same})
     _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
 
     def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice
@@ -88,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patterns", default="128:2:16", help="V:N:M,...")
     p.add_argument("--chunks", default="32,64", help="chunk sizes, comma-separated")
     p.add_argument("--csv", help="write the rows here")
+    p.add_argument("--sweep", action="store_true", help="also time tilings of the B2 kernel")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -101,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         for pat in args.patterns.split(","):
             v, n, m = (int(s) for s in pat.split(":"))
             for c in (int(s) for s in args.chunks.split(",")):
-                rows += measure(t, d, h, v, n, m, c, copy)
+                rows += measure(t, d, h, v, n, m, c, copy, args.sweep)
                 print(f"{shape} {pat} chunk {c} done", flush=True)
     keys = ["T", "d", "h", "pattern", "chunk", "kernel", "ms", "of ceiling", "baseline", "baseline ms", "check"]
     print(tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3f"))

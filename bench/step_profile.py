@@ -6,8 +6,8 @@ falls into one group:
   attention        flash/fmha/attention kernels, or launched under scaled_dot_product_attention
   optimizer        launched under Optimizer.step or clip_grad_norm_, or an Adam/foreach kernel
   FFN GEMMs        cuBLAS/cuSPARSELt GEMMs of an FFN (launched under a sparse_compile:: op, or an
-                   aten mm whose operand shapes include the hidden size h), and the Triton gather
-                   GEMMs (_gather_k_kernel, _gather_n_kernel)
+                   aten mm whose operand shapes include the hidden size h), and the Triton
+                   GEMMs (_gather_k_kernel, _gather_n_kernel, _chunk_wgrad_kernel)
   other GEMMs      every other cuBLAS GEMM (attention projections, the LM head)
   sparse kernels   the sparse path's own non-GEMM kernels (selection, scatter, masks, compressors,
                    transposes): any other kernel launched under a sparse_compile:: op
@@ -22,7 +22,7 @@ from pathlib import Path
 
 GROUPS = ("FFN GEMMs", "other GEMMs", "sparse kernels", "attention", "optimizer", "other")
 _GEMM = re.compile(r"gemm|xmma|nvjet|cutlass|cublas|cusparselt|_mm_|matmul", re.IGNORECASE)
-_GATHER_GEMM = re.compile(r"_gather_[kn]_kernel")
+_GATHER_GEMM = re.compile(r"_gather_[kn]_kernel|_chunk_wgrad_kernel")
 _ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
 _OPTIMIZER_KERNEL = re.compile(r"adam|multi_tensor", re.IGNORECASE)
 _OPTIMIZER_OP = re.compile(r"Optimizer\.step|clip_grad|_foreach_")

@@ -31,11 +31,10 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
     """(offsets int32 [h/c + 1], blocks int32 [E], cols int32 [E]): chunk j is held by block
     blocks[e] at compact column cols[e], for e in [offsets[j], offsets[j + 1]), blocks ascending."""
     nb, kc = ids.shape
-    chunks = (ids[:, ::c] // c).reshape(-1).long()  # [nb * kc/c]
-    order = torch.sort(chunks, stable=True).indices
-    counts = torch.bincount(chunks, minlength=h // c)
-    offsets = torch.zeros(h // c + 1, dtype=torch.int32, device=ids.device)
-    offsets[1:] = torch.cumsum(counts, 0)
+    chunks = (ids[:, ::c] // c).reshape(-1)  # [nb * kc/c]
+    keys, order = torch.sort(chunks, stable=True)
+    # no bincount: its output size needs the max on the host, a device sync per call
+    offsets = torch.searchsorted(keys, torch.arange(h // c + 1, device=ids.device, dtype=keys.dtype), out_int32=True)
     per_block = kc // c
     return offsets, (order // per_block).to(torch.int32), ((order % per_block) * c).to(torch.int32)
 
@@ -99,6 +98,10 @@ def chunk_wgrad(
     square: bool = False,
     transpose: bool = False,
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    block_d: int | None = None,
+    block_k: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
@@ -111,14 +114,16 @@ def chunk_wgrad(
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
-    block_d = 128 if a.device.type == "cuda" else 32
-    block_k = 64 if v % 64 == 0 else 16
+    block_d = block_d or (128 if a.device.type == "cuda" else 32)
+    block_k = block_k or (64 if v % 64 == 0 else 16)
+    if v % block_k:
+        raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
     i64 = max(a.shape[0] * a.stride(0), b.shape[0] * b.stride(0)) >= 2**31
     grid = (h // c, triton.cdiv(d, block_d))
     _chunk_wgrad_kernel[grid](
         a, b, out, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, num_warps=4, num_stages=3,
+        I64=i64, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
