@@ -19,8 +19,8 @@ import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment, write_csv
-from bench.gpu_timing import copy_gbps
+from bench.env import write_csv
+from bench.gpu_timing import start_gpu_bench
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
@@ -103,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", help="write the rows here")
     p.add_argument("--sweep", action="store_true", help="also time tilings of the B2 kernel")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
-    env = environment(torch.device("cuda"), "python -m bench.chunk_kernels", argv)
-    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
-    copy = copy_gbps()
-    print(f"measured copy: {copy:.0f} GB/s (read + write)", flush=True)
+    env, copy = start_gpu_bench(p, "python -m bench.chunk_kernels", argv)
     rows = []
     for shape in args.shapes.split(";"):
         t, d, h = (int(s) for s in shape.split(","))

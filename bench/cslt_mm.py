@@ -18,8 +18,8 @@ import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment, write_csv
-from bench.gpu_timing import copy_gbps, sweep_tilings
+from bench.env import write_csv
+from bench.gpu_timing import start_gpu_bench, sweep_tilings
 from sparse_compile.f1_choice import MAX_ALGS
 from sparse_compile.kernels.cslt_compress_triton import cslt_compress_triton, random_24
 
@@ -83,12 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep", action="store_true", help="also time the compressor's (tiles, num_warps) on a 16384 x 16384 Z"
     )
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
-    env = environment(torch.device("cuda"), "python -m bench.cslt_mm", argv)
-    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
-    ceiling = copy_gbps()
-    print(f"measured copy: {ceiling:.0f} GB/s (read + write)")
+    env, ceiling = start_gpu_bench(p, "python -m bench.cslt_mm", argv)
     rows = []
     for shape in args.shapes.split(";"):
         t, d, h = (int(s) for s in shape.split(","))

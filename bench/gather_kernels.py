@@ -20,8 +20,8 @@ import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment, write_csv
-from bench.gpu_timing import copy_gbps
+from bench.env import write_csv
+from bench.gpu_timing import start_gpu_bench
 from sparse_compile.kernels import gather_gemm_triton
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
@@ -130,14 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patterns", help="V:N:M,... (default: 128:2:8,128:2:16,64:2:8)")
     p.add_argument("--csv", help="write the rows here")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
     shapes = [tuple(map(int, s.split(","))) for s in args.shapes.split(";")] if args.shapes else SHAPES
     patterns = [tuple(map(int, s.split(":"))) for s in args.patterns.split(",")] if args.patterns else PATTERNS
-    env = environment(torch.device("cuda"), "python -m bench.gather_kernels", argv)
-    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
-    copy = copy_gbps()
-    print(f"measured copy: {copy:.0f} GB/s (read + write)", flush=True)
+    env, copy = start_gpu_bench(p, "python -m bench.gather_kernels", argv)
     rows = []
     for shape in shapes:
         for pattern in patterns:

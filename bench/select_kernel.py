@@ -21,8 +21,8 @@ import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment, write_csv
-from bench.gpu_timing import copy_gbps, sweep_tilings
+from bench.env import write_csv
+from bench.gpu_timing import start_gpu_bench, sweep_tilings
 from sparse_compile.kernels.act24_cslt_triton import (
     sqrelu_24_backward,
     sqrelu_24_backward_ref,
@@ -128,12 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", help="write the rows here")
     p.add_argument("--sweep", action="store_true", help="also time tilings (block_g, rows, num_warps) at the largest h")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
-    env = environment(torch.device("cuda"), "python -m bench.select_kernel", argv)
-    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
-    ceiling = copy_gbps()
-    print(f"measured copy: {ceiling:.0f} GB/s (read + write)")
+    env, ceiling = start_gpu_bench(p, "python -m bench.select_kernel", argv)
     rows = []
     t = args.tokens
     for h in (int(s) for s in args.hidden.split(",")):

@@ -164,9 +164,7 @@ class Health:
     since the previous probe.
     """
 
-    def __init__(
-        self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1
-    ) -> None:
+    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1) -> None:
         self.model = model
         self.pattern = pattern
         self.chunk = chunk

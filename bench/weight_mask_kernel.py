@@ -14,8 +14,8 @@ import torch
 import triton.testing
 from tabulate import tabulate
 
-from bench.env import environment, write_csv
-from bench.gpu_timing import copy_gbps, sweep_tilings
+from bench.env import write_csv
+from bench.gpu_timing import start_gpu_bench, sweep_tilings
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.kernels.weight_mask_triton import sparsify_24_triton
 
@@ -31,12 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also time (tiles, num_warps) of the pairs kernel, bf16 and fp32 16384x4096",
     )
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
-    env = environment(torch.device("cuda"), "python -m bench.weight_mask_kernel", argv)
-    print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
-    ceiling = copy_gbps()
-    print(f"measured copy: {ceiling:.0f} GB/s (read + write)", flush=True)
+    env, ceiling = start_gpu_bench(p, "python -m bench.weight_mask_kernel", argv)
     rows = []
     for shape in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
