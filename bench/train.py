@@ -6,10 +6,13 @@ loss.png (both loss curves, phase boundaries) and summary.txt (the comparison ta
 With --distributed ddp|fsdp under torchrun, the ranks split each global batch (--batch-size per
 rank: N ranks at b see what one process sees at N*b), phases flip on every rank at the same step,
 and rank 0 writes the outputs; tokens/s and losses count all ranks.
+--save-every N / --stop-at STEP write OUT/checkpoint.pt (bench/checkpoint.py); --resume OUT goes on
+from it, step for step as if never stopped, so a long run can be split over several calls.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -21,7 +24,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 import sparse_compile
-from bench import distributed
+from bench import checkpoint, distributed
 from bench.data import Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES
@@ -90,6 +93,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/train", help="folder for log.csv, loss.png and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--save-every", type=int, default=0, help="write OUT/checkpoint.pt every N steps (0: never)")
+    p.add_argument(
+        "--stop-at",
+        type=_positive,
+        help="stop the run in progress after this step, write OUT/checkpoint.pt, and exit (go on with --resume)",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="go on from DIR/checkpoint.pt (same arguments as the stopped call); outputs go to DIR",
+    )
     p.add_argument(
         "--distributed",
         choices=distributed.MODES,
@@ -129,6 +143,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not runs or any(r not in ("dense", "sparse") for r in runs):
         p.error(f"--runs {args.runs!r}: expected a comma-separated subset of dense,sparse")
     args.runs = runs
+    if args.save_every < 0:
+        p.error(f"--save-every {args.save_every}: expected an int >= 0")
+    if args.stop_at is not None and args.stop_at >= args.steps:
+        p.error(f"--stop-at {args.stop_at}: expected a step < --steps {args.steps}")
+    if (args.save_every or args.stop_at or args.resume) and args.distributed != "none":
+        p.error("--save-every, --stop-at and --resume run on one process (not with --distributed)")
+    if args.resume:
+        args.out = args.resume
     try:
         options = options_from_text(args.sparsity)
         if BackendOptions.parse(options).config.weights is not None and "masked_decay" not in options:
@@ -217,6 +239,12 @@ def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
     return model.adamw(args.lr, args.weight_decay, fused)
 
 
+CHECKED_ARGS = (
+    "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
+    "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "seed", "compile_mode", "device",
+)  # fmt: skip
+
+
 def train_one(
     name: str,
     args: argparse.Namespace,
@@ -224,7 +252,9 @@ def train_one(
     schedule: sparse_compile.PhaseSchedule,
     val_batches: list,
     d: distributed.Dist,
-) -> RunResult:
+    ckpt: checkpoint.Checkpoint | None = None,
+) -> RunResult | None:
+    """One run; None if --stop-at stopped it (its state is then in OUT/checkpoint.pt)."""
     device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     torch.manual_seed(args.seed)
     model = GPT(SIZES[args.size]).to(device)
@@ -256,8 +286,30 @@ def train_one(
     tokens_per_step = args.batch_size * args.seq_len * d.world
     losses: list[float] = []
     interval_time, interval_tokens = 0.0, 0
-    first_steps = {schedule.dense_warmup_steps, schedule.dense_from_step}
-    bar = tqdm(range(args.steps), desc=f"{name:>6}", disable=args.no_progress or not d.main, file=sys.stderr)
+    start = 0
+    state = ckpt.current if ckpt is not None else None
+    if state is not None and state.name == name:
+        model.load_state_dict(state.model)
+        opt.load_state_dict(state.optimizer)
+        batches.generator.set_state(state.batches)
+        checkpoint.set_rng_state(state.rng)
+        result = RunResult(**state.result)
+        losses, interval_time, interval_tokens = (state.interval[k] for k in ("losses", "time", "tokens"))
+        health.previous = state.health
+        start = state.step
+    # Not timed: the first two steps of a process (compile) and the first step of each segment (a
+    # phase switch: the first sparse step autotunes and compiles the Triton kernels, seconds on a GPU).
+    first_steps = {start, start + 1, schedule.dense_warmup_steps, schedule.dense_from_step}
+
+    def save(step: int) -> None:
+        interval = {"losses": losses, "time": interval_time, "tokens": interval_tokens}
+        ckpt.current = checkpoint.RunState(
+            name, step, model.state_dict(), opt.state_dict(), batches.generator.get_state(),
+            checkpoint.rng_state(), dataclasses.asdict(result), interval, health.previous,
+        )  # fmt: skip
+        checkpoint.save(Path(args.out), ckpt)
+
+    bar = tqdm(range(start, args.steps), desc=f"{name:>6}", disable=args.no_progress or not d.main, file=sys.stderr)
     for step in bar:
         in_sparse_window = schedule.phase_at(step) == "sparse"
         segment = "sparse" if in_sparse_window else ("warmup" if step < schedule.dense_warmup_steps else "final")
@@ -275,9 +327,7 @@ def train_one(
         opt.zero_grad(set_to_none=True)
         sync()
         dt = time.perf_counter() - t0
-        # Not timed: steps 0-1 (compile) and the first step of each segment (a phase switch: the
-        # first sparse step autotunes and compiles the Triton kernels, seconds on a GPU).
-        if step >= 2 and step not in first_steps:
+        if step not in first_steps:
             result.seconds[segment] += dt
             result.tokens[segment] += tokens_per_step
         interval_time += dt
@@ -301,10 +351,20 @@ def train_one(
             result.rows.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", phase=phase)
             losses, interval_time, interval_tokens = [], 0.0, 0
+        if ckpt is not None and step + 1 == args.stop_at:
+            save(step + 1)
+            sparse_compile.set_phase("sparse")
+            return None
+        if ckpt is not None and args.save_every and (step + 1) % args.save_every == 0 and not last:
+            save(step + 1)
     result.final_val_loss = result.rows[-1]["val_loss"]
     if gpu:
         result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
     sparse_compile.set_phase("sparse")
+    if ckpt is not None:
+        ckpt.finished[name] = dataclasses.asdict(result)
+        ckpt.current = None
+        checkpoint.save(Path(args.out), ckpt)
     return result
 
 
@@ -405,7 +465,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     if d.main:
         print(header, flush=True)
-    results = {name: train_one(name, args, corpus, schedule, val_batches, d) for name in args.runs}
+    ckpt = None
+    if args.save_every or args.stop_at or args.resume:
+        checked = {k: getattr(args, k) for k in CHECKED_ARGS}
+        try:
+            ckpt = checkpoint.load(args.resume, checked) if args.resume else checkpoint.Checkpoint(args=checked)
+        except ValueError as e:
+            print(f"python -m bench.train: error: {e}", file=sys.stderr)
+            return 2
+    results = {}
+    for name in args.runs:
+        if ckpt is not None and name in ckpt.finished:
+            results[name] = RunResult(**ckpt.finished[name])
+            continue
+        result = train_one(name, args, corpus, schedule, val_batches, d, ckpt)
+        if result is None:
+            print(f"stopped {name} after step {args.stop_at}: go on with --resume {out}")
+            return 0
+        results[name] = result
     if d.main:
         write_csv(out / "log.csv", [row for r in results.values() for row in r.rows], CSV_FIELDS)
         plot(results, schedule, args.steps, out / "loss.png")
