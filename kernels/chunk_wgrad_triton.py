@@ -43,7 +43,7 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
 def _chunk_wgrad_kernel(
     a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
-    TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr,
+    TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     chunk = tl.program_id(0)
     dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -68,7 +68,10 @@ def _chunk_wgrad_kernel(
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
-        acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
+        if IEEE:  # float32 operands: no TF32, so the kernel never changes a user's precision
+            acc = tl.dot(tl.trans(b), a, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
     units = chunk * C + oc
     if TRANSPOSE:  # out [D, H]
         dst = dd[:, None].to(tl.int64) * H + units[None, :]
@@ -127,7 +130,7 @@ def chunk_wgrad(
     _chunk_wgrad_kernel[grid](
         a, b, out, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, num_warps=num_warps, num_stages=num_stages,
+        I64=i64, IEEE=a.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 

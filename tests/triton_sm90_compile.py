@@ -151,9 +151,10 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             "TRANSPOSE": square,
             "EVEN_D": True,
             "I64": False,
+            "IEEE": False,
         }
         names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64"
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE"
         types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
         cases.append((f"chunk wgrad c={c}", chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
