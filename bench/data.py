@@ -1,13 +1,21 @@
-"""The corpus: the Python standard library's own source files, as bytes (vocabulary 256). No downloads.
+"""The corpus: Python source files already on the machine, as bytes (vocabulary 256). No downloads.
 
-Files under ``sysconfig.get_paths()['stdlib']`` (site-packages excluded) are sorted by path;
-every 10th file goes to validation, the rest to training; each split is the concatenation of
-its files' bytes, cached as a uint8 array that is memory-mapped on later runs.
+Two corpora (``Corpus.load(source=...)``):
+- "stdlib" (the main job's default, ~10 MB on the GPU machines): files under
+  ``sysconfig.get_paths()['stdlib']`` (site-packages excluded) sorted by path, every 10th to validation.
+- "packages" (~100 MB, enough for one epoch of the 125M job): the standard library plus the installed
+  ``torch`` and ``sympy`` packages (both dependencies of this project), in a deterministic order
+  (source, then relative path), deduplicated by content (a file whose bytes were seen already is
+  skipped); validation = whole files whose "source/relative path" hashes to 0 mod 10.
+Each split is the concatenation of its files' bytes, cached as a uint8 array that is memory-mapped
+on later runs; the cache key covers the file list, sizes and versions.
 """
 
 import hashlib
 import os
+import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +33,34 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     return files
 
 
+CORPORA = ("stdlib", "packages")
+
+
+def package_roots() -> list[tuple[str, Path]]:
+    """(label, root) of the "packages" corpus: the standard library, torch, sympy."""
+    import sympy
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [("stdlib", stdlib), ("torch", Path(torch.__file__).parent), ("sympy", Path(sympy.__file__).parent)]
+
+
+def package_files(roots: Sequence[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """("label/relative/path.py", path) of every .py file under the roots (site-packages excluded),
+    sorted by root order, then relative path."""
+    out = []
+    for label, root in roots:
+        rels = sorted(p.relative_to(root) for p in Path(root).rglob("*.py") if p.is_file())
+        out += [(f"{label}/{rel.as_posix()}", Path(root) / rel) for rel in rels if "site-packages" not in rel.parts]
+    if not out:
+        raise FileNotFoundError(f"no .py files under {[str(r) for _, r in roots]}: cannot build the corpus")
+    return out
+
+
+def is_val(name: str) -> bool:
+    """Whether the file called ``name`` ("label/relative/path") is held out for validation."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % VAL_EVERY == 0
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "sparse_compile"
@@ -40,7 +76,19 @@ class Corpus:
     n_files: int
 
     @classmethod
-    def load(cls, cache_dir: Path | None = None, root: Path | None = None) -> "Corpus":
+    def load(
+        cls,
+        cache_dir: Path | None = None,
+        root: Path | None = None,
+        source: str = "stdlib",
+        roots: Sequence[tuple[str, Path]] | None = None,
+    ) -> "Corpus":
+        """The ``source`` corpus ("stdlib" under ``root``, or "packages" under ``roots``; default
+        the installed ones), built into ``cache_dir`` the first time."""
+        if source not in CORPORA:
+            raise ValueError(f"corpus source={source!r}: expected one of {CORPORA}")
+        if source == "packages":
+            return cls._load_packages(Path(cache_dir or default_cache_dir()), roots or package_roots())
         files = stdlib_files(root)
         key = hashlib.sha256("\n".join(f"{p}:{p.stat().st_size}" for p in files).encode()).hexdigest()[:16]
         cache = Path(cache_dir or default_cache_dir())
@@ -56,6 +104,51 @@ class Corpus:
                 tmp.replace(paths[split])
         arrays = {split: np.memmap(p, dtype=np.uint8, mode="r") for split, p in paths.items()}
         return cls(arrays["train"], arrays["val"], str(files[0].parent), len(files))
+
+    @classmethod
+    def _load_packages(cls, cache: Path, roots: Sequence[tuple[str, Path]]) -> "Corpus":
+        from tqdm import tqdm
+
+        files = package_files(roots)
+        versions = _versions([label for label, _ in roots])
+        listing = "\n".join(f"{name}:{p.stat().st_size}" for name, p in files) + versions
+        key = hashlib.sha256(listing.encode()).hexdigest()[:16]
+        paths = {split: cache / f"packages-{key}-{split}.u8" for split in ("train", "val", "count")}
+        if not all(p.exists() for p in paths.values()):
+            cache.mkdir(parents=True, exist_ok=True)
+            parts: dict[str, list[bytes]] = {"train": [], "val": []}
+            seen: set[bytes] = set()
+            for name, path in tqdm(files, desc="building the corpus", unit="file", file=sys.stderr):
+                data = path.read_bytes()
+                digest = hashlib.sha256(data).digest()
+                if digest in seen:
+                    continue
+                seen.add(digest)
+                parts["val" if is_val(name) else "train"].append(data)
+            payload = {"train": b"".join(parts["train"]), "val": b"".join(parts["val"])}
+            payload["count"] = str(len(seen)).encode()
+            for split, data in payload.items():
+                tmp = paths[split].with_suffix(f".tmp{os.getpid()}")
+                tmp.write_bytes(data)
+                tmp.replace(paths[split])
+        n_files = int(paths["count"].read_bytes())
+        arrays = {split: np.memmap(paths[split], dtype=np.uint8, mode="r") for split in ("train", "val")}
+        source = f"{versions} sources ({len(files)} files, {n_files} after removing duplicates)"
+        return cls(arrays["train"], arrays["val"], source, n_files)
+
+
+def _versions(labels: Sequence[str]) -> str:
+    """'Python 3.11.7 stdlib + torch 2.13.0+cpu + sympy 1.14.0' for the roots' labels."""
+    out = []
+    for label in labels:
+        if label == "stdlib":
+            out.append(f"Python {sys.version.split()[0]} stdlib")
+        else:
+            try:
+                out.append(f"{label} {__import__(label).__version__}")
+            except (ImportError, AttributeError):
+                out.append(label)
+    return " + ".join(out)
 
 
 class Batches:

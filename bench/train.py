@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import sparse_compile
 from bench import checkpoint, distributed
-from bench.data import Batches, Corpus
+from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES
 from sparse_compile.config import BackendOptions, options_from_text
@@ -92,6 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order")
     p.add_argument("--out", default="runs/train", help="folder for log.csv, loss.png and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
+    p.add_argument(
+        "--corpus",
+        choices=CORPORA,
+        default="stdlib",
+        help="stdlib: the standard library's sources (~10 MB); packages: plus torch's and sympy's (~100 MB)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--save-every", type=int, default=0, help="write OUT/checkpoint.pt every N steps (0: never)")
     p.add_argument(
@@ -241,7 +247,7 @@ def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
 
 CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
-    "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "seed", "compile_mode", "device",
+    "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "seed", "compile_mode", "device", "corpus",
 )  # fmt: skip
 
 
@@ -445,11 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device(args.device), "python -m bench.train", argv)
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
-        corpus = Corpus.load(args.data_dir)  # builds the cache once, before the other ranks read it
+        corpus = Corpus.load(args.data_dir, source=args.corpus)  # built once, before the other ranks read it
     if d.world > 1:
         torch.distributed.barrier()
     if not d.main:
-        corpus = Corpus.load(args.data_dir)
+        corpus = Corpus.load(args.data_dir, source=args.corpus)
     schedule = sparse_compile.PhaseSchedule.from_fractions(args.steps, args.warmup_frac, args.final_dense_frac)
     val = Batches(corpus.val, args.batch_size, args.seq_len, args.seed + 2, d.rank, d.world)
     val_batches = [val.next(args.device) for _ in range(args.eval_iters)]

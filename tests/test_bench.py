@@ -197,3 +197,39 @@ def test_resume_refuses_other_arguments(tmp_path):
     assert main([*common, "--steps", "4", "--runs", "dense", "--out", str(tmp_path / "a"), "--stop-at", "2"]) == 0
     assert main([*common, "--steps", "6", "--runs", "dense", "--resume", str(tmp_path / "a")]) == 2
     assert main([*common, "--steps", "4", "--runs", "dense", "--resume", str(tmp_path / "missing")]) == 2
+
+
+def _tree(root, files: dict) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_packages_corpus_is_deterministic_deduplicated_and_split_by_file(tmp_path):
+    from bench.data import is_val, package_files
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _tree(a, {f"m{i}.py": f"x = {i}\n" * (i + 1) for i in range(40)} | {"site-packages/s.py": "skip\n"})
+    _tree(b, {"dup.py": "x = 3\n" * 4, "pkg/z.py": "zz\n", "pkg/a.py": "aa\n"})
+    roots = [("stdlib", a), ("lib", b)]
+    names = [n for n, _ in package_files(roots)]
+    assert names == sorted(n for n in names if n.startswith("stdlib/")) + ["lib/dup.py", "lib/pkg/a.py", "lib/pkg/z.py"]
+    assert not any("site-packages" in n for n in names)
+    one = Corpus.load(tmp_path / "c1", source="packages", roots=roots)
+    two = Corpus.load(tmp_path / "c2", source="packages", roots=roots)
+    assert np.array_equal(one.train, two.train) and np.array_equal(one.val, two.val)
+    assert one.n_files == 42  # lib/dup.py repeats stdlib/m3.py byte for byte
+    files = dict(package_files(roots))
+    unique = [n for n in names if n != "lib/dup.py"]
+    want_val = b"".join(files[n].read_bytes() for n in unique if is_val(n))
+    want_train = b"".join(files[n].read_bytes() for n in unique if not is_val(n))
+    assert bytes(one.val) == want_val and bytes(one.train) == want_train and want_val and want_train
+    assert "stdlib + lib" in one.source and "42 after removing duplicates" in one.source
+    with pytest.raises(ValueError, match="corpus source='web'"):
+        Corpus.load(tmp_path, source="web")
+
+
+def test_packages_corpus_of_this_machine(tmp_path):
+    corpus = Corpus.load(tmp_path, source="packages")
+    assert len(corpus.train) > 60_000_000 and len(corpus.val) > 3_000_000
+    assert corpus.source.startswith("Python ") and "torch " in corpus.source and "sympy " in corpus.source
