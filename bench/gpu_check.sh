@@ -7,14 +7,14 @@ if [ $# -lt 1 ]; then
   echo "usage: bash bench/gpu_check.sh OUT_DIR [bench.e2e arguments]" >&2
   exit 2
 fi
-out=$1
+dest=$1
 shift
-mkdir -p "$out"
+mkdir -p "$dest"
 export PYTHONUNBUFFERED=1
 python3 -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v -i warn | tail -3
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-python3 -m pytest -q tests/gpu 2>&1 | tee "$out/gpu_tests.log" | tail -15
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$dest/gpu.txt"
+python3 -m pytest -q tests/gpu 2>&1 | tee "$dest/gpu_tests.log" | tail -15
 tests=${PIPESTATUS[0]}
-python3 -m bench.e2e --out "$out" "$@" 2>&1 | tee "$out/e2e.log" | grep -v -i warn | tail -15
+python3 -m bench.e2e --out "$dest" "$@" 2>&1 | tee "$dest/e2e.log" | grep -v -i warn | tail -15
 e2e=${PIPESTATUS[0]}
 exit $((tests != 0 || e2e != 0))

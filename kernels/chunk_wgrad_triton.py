@@ -80,6 +80,12 @@ def _chunk_wgrad_kernel(
     tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
 
 
+def chunk_wgrad_supports(v: int, c: int) -> bool:
+    """Whether the kernel takes chunks of c units in blocks of V tokens: c a power of two >= 16
+    (the tensor-core tile's N), V a multiple of 16."""
+    return c >= 16 and c & (c - 1) == 0 and v % 16 == 0
+
+
 def _check(a: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, c: int, h: int) -> None:
     t, kc = a.shape
     if a.dtype not in _DTYPES or b.dtype != a.dtype or ids.dtype != torch.int32:
@@ -110,7 +116,7 @@ def chunk_wgrad(
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built."""
     _check(a, ids, b, v, c, h)
-    if c < 16 or c & (c - 1) or v % 16:
+    if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()

@@ -22,14 +22,20 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
-from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
-from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad
+from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_supports
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.transpose_triton import transpose_copy
 from sparse_compile.kernels.weight_grad_gather import gather_supports, token_vnm_grad_gather
+
+
+def chunk_path_supports(v: int, m: int, c: int) -> bool:
+    """Whether this path runs V:N:M in chunks of c (> 1): both chunk kernels take the shape
+    (c a power of two >= 16, M*c a power of two, V a multiple of 16)."""
+    return chunk_supports(v, m, c) and chunk_wgrad_supports(v, c)
 
 
 def compact_dz(dh: torch.Tensor, ids: torch.Tensor, r_c: torch.Tensor, v: int) -> torch.Tensor:
@@ -56,7 +62,7 @@ def sqrelu_ffn_forward_gather(
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
     ``chunk``: units per kept column (then F2 always gathers)."""
-    _check_chunk(chunk, dense)
+    _check_chunk(v, m, chunk, dense)
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
@@ -93,7 +99,7 @@ def sqrelu_ffn_backward_gather(
     With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation: on the gather-K GEMM
     (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
     With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on r_c and dZ_c."""
-    _check_chunk(chunk, dense, weight_grad)
+    _check_chunk(v, m, chunk, dense, weight_grad)
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
@@ -132,9 +138,11 @@ def _db1(dz_c: torch.Tensor, ids: torch.Tensor, v: int, h: int) -> torch.Tensor:
     return db1.to(dz_c.dtype)
 
 
-def _check_chunk(chunk: int, dense: frozenset[str], weight_grad: tuple[int, int, int] | None = None) -> None:
-    if chunk > 1 and (dense or weight_grad is not None or chunk < 16 or chunk & (chunk - 1)):
+def _check_chunk(
+    v: int, m: int, chunk: int, dense: frozenset[str], weight_grad: tuple[int, int, int] | None = None
+) -> None:
+    if chunk > 1 and (dense or weight_grad is not None or not chunk_path_supports(v, m, chunk)):
         raise ValueError(
             f"ffn_gather: chunk={chunk} runs with every GEMM gathered (dense={sorted(dense)}), exact weight "
-            f"gradients (weight_grad={weight_grad}) and chunk a power of two >= 16"
+            f"gradients (weight_grad={weight_grad}), chunk a power of two >= 16 and M*chunk a power of two (M={m})"
         )

@@ -104,12 +104,15 @@ def plan_kernels(
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return _reference(device.type, "GPU older than sm80")
     c = config.chunk
-    if c > 1 and (c < 16 or c & (c - 1) or (m * c) & (m * c - 1) or config.weight_grad_pattern is not None):
-        return _reference(
-            device.type,
-            f"chunks of {c}: the gather path needs chunk a power of two >= 16, M*chunk a power of two "
-            f"and exact weight gradients (M={m}, weight_grad={config.weight_grad})",
-        )
+    if c > 1:
+        from sparse_compile.kernels.ffn_gather import chunk_path_supports  # Triton: imported when used
+
+        if config.weight_grad_pattern is not None or not chunk_path_supports(v, m, c):
+            return _reference(
+                device.type,
+                f"chunks of {c}: the gather path needs chunk a power of two >= 16, M*chunk a power of two "
+                f"and exact weight gradients (M={m}, weight_grad={config.weight_grad})",
+            )
     if device.type != "cuda" or not (d and h):
         return KernelPlan(GATHER, True)
     t = _hint(tokens)
