@@ -89,6 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=_positive, help="steps between logged points (default: steps/32)")
     p.add_argument("--eval-every", type=_positive, help="steps between validation losses (default: steps/8)")
     p.add_argument("--eval-iters", type=_positive, help="validation batches per evaluation (default: 4 CPU, 8 CUDA)")
+    p.add_argument(
+        "--final-eval-iters",
+        type=_positive,
+        help="validation batches of the final validation loss (default: 16 CPU, 64 CUDA)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order")
     p.add_argument("--out", default="runs/train", help="folder for log.csv, loss.png and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
@@ -139,6 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.log_every = args.log_every or max(1, args.steps // 32)
     args.eval_every = args.eval_every or max(1, args.steps // 8)
     args.eval_iters = args.eval_iters or (8 if gpu else 4)
+    args.final_eval_iters = max(args.eval_iters, args.final_eval_iters or (64 if gpu else 16))
     if args.seq_len > SIZES[args.size].block_size:
         p.error(f"--seq-len {args.seq_len} > block size {SIZES[args.size].block_size} of --size {args.size}")
     if args.warmup_frac + args.final_dense_frac > 1.0:
@@ -245,9 +251,11 @@ def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
     return model.adamw(args.lr, args.weight_decay, fused)
 
 
+VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and the batch order)
 CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
-    "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "seed", "compile_mode", "device", "corpus",
+    "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed", "compile_mode",
+    "device", "corpus",
 )  # fmt: skip
 
 
@@ -280,9 +288,9 @@ def train_one(
         if gpu:
             torch.cuda.synchronize()
 
-    def evaluate() -> float:
+    def evaluate(n: int) -> float:
         with torch.no_grad(), autocast():
-            local = sum(compiled(x, y)[1].item() for x, y in val_batches) / len(val_batches)
+            local = sum(compiled(x, y)[1].item() for x, y in val_batches[:n]) / n
         return distributed.mean(local, d, device)
 
     health = Health(model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk)
@@ -352,7 +360,7 @@ def train_one(
                 "tokens_per_s": interval_tokens / distributed.mean(interval_time, d, device),
             }
             if (step + 1) % args.eval_every == 0 or last:
-                row["val_loss"] = evaluate()
+                row["val_loss"] = evaluate(args.final_eval_iters if last else args.eval_iters)
             row.update(health.probe(x, autocast))
             result.rows.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", phase=phase)
@@ -457,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     if not d.main:
         corpus = Corpus.load(args.data_dir, source=args.corpus)
     schedule = sparse_compile.PhaseSchedule.from_fractions(args.steps, args.warmup_frac, args.final_dense_frac)
-    val = Batches(corpus.val, args.batch_size, args.seq_len, args.seed + 2, d.rank, d.world)
-    val_batches = [val.next(args.device) for _ in range(args.eval_iters)]
+    # The same validation windows for every seed, so that runs of different seeds compare.
+    val = Batches(corpus.val, args.batch_size, args.seq_len, VAL_SEED, d.rank, d.world)
+    val_batches = [val.next(args.device) for _ in range(args.final_eval_iters)]
     header = (
         f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "
         f"{args.batch_size}x{args.seq_len} tokens"

@@ -1,0 +1,158 @@
+"""python -m bench.cluster_probe: how much kept mass does hidden-unit clustering buy?
+
+Trains the project's GPT dense (bench.train's data and optimizer, bf16 autocast on CUDA) and, at
+each --fit-at step, measures on held-out validation batches the fraction of sum |H| that each
+activation pattern keeps (H = relu(Z)^2 of every FFN, all layers pooled), for:
+- identity: the units in their own order (what the backend does today);
+- clustered: the permutation of sparse_compile.clustering.cluster_units, fitted on --fit-batches
+  training batches at that step (chunks of co-firing units, then groups of least overlap);
+- chunks only (c > 1): the same without the grouping level;
+- stale: the permutation fitted at the previous --fit-at step, applied at this one (how often
+  re-clustering must run).
+
+Patterns are V:N:M with an optional chunk, as in the config: 128:2:16c64 is {"activations":
+"128:2:16", "chunk": 64}. Writes a tabulate table and --csv.
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+from tabulate import tabulate
+
+from bench.data import CORPORA, Batches, Corpus
+from bench.env import environment, write_csv
+from bench.model import GPT, SIZES
+from sparse_compile.clustering import block_mass, cluster_units
+from sparse_compile.kernels.activation_mask import vnm_mask
+
+
+def parse_pattern(text: str) -> tuple[int, int, int, int]:
+    """'128:2:16c64' -> (128, 2, 16, 64); 'V:N:M' -> (V, N, M, 1)."""
+    body, _, chunk = text.partition("c")
+    try:
+        v, n, m = (int(x) for x in body.split(":"))
+        c = int(chunk) if chunk else 1
+    except ValueError:
+        raise ValueError(f"pattern {text!r}: expected V:N:M or V:N:McC (for example 128:2:16c64)") from None
+    return v, n, m, c
+
+
+@torch.no_grad()
+def hidden(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> list[torch.Tensor]:
+    """H = relu(c_fc(x))^2 of every layer [sum of tokens, F], bf16, over ``batches``."""
+    per_layer: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    hooks = [
+        b.mlp.register_forward_hook(
+            lambda m, inp, out, i=i: per_layer[i].append(
+                torch.relu(m.c_fc(inp[0])).square().reshape(-1, m.c_fc.out_features).to(torch.bfloat16)
+            )
+        )
+        for i, b in enumerate(model.blocks)
+    ]
+    try:
+        with autocast():
+            for x, _ in batches:
+                model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [torch.cat(hs) for hs in per_layer]
+
+
+def kept_mass(hs: list[torch.Tensor], pattern: tuple[int, int, int, int], perms: list[torch.Tensor] | None) -> float:
+    v, n, m, c = pattern
+    kept = total = 0.0
+    for i, h in enumerate(hs):
+        f = h.float() if perms is None else h.float()[:, perms[i].to(h.device)]
+        kept += (f * vnm_mask(f, v, n, m, c)).sum().item()
+        total += f.sum().item()
+    return kept / total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cluster_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--size", choices=sorted(SIZES), help="model size (default: 125m on CUDA, tiny on CPU)")
+    p.add_argument("--fit-at", default=None, help="steps at which to measure, comma-separated (default: 300,600 CUDA)")
+    p.add_argument("--patterns", default="64:2:8,128:2:16,128:2:16c32,128:2:16c64", help="comma-separated patterns")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: 16 CUDA, 8 CPU)")
+    p.add_argument("--fit-batches", type=int, default=2, help="training batches the permutation is fitted on")
+    p.add_argument("--eval-batches", type=int, default=2, help="validation batches the kept mass is measured on")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--corpus", choices=CORPORA, default="packages")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--csv", help="write the rows here")
+    args = p.parse_args(argv)
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    size = args.size or ("125m" if gpu else "tiny")
+    fit_at = sorted(int(s) for s in (args.fit_at or ("300,600" if gpu else "20,40")).split(","))
+    batch_size = args.batch_size or (16 if gpu else 8)
+    try:
+        patterns = {text: parse_pattern(text) for text in args.patterns.split(",")}
+    except ValueError as e:
+        p.error(str(e))
+    env = environment(torch.device(device), "python -m bench.cluster_probe", argv)
+    print("\n".join(f"{k}: {v}" for k, v in env.items()))
+
+    torch.manual_seed(args.seed)
+    cfg = SIZES[size]
+    corpus = Corpus.load(args.data_dir, source=args.corpus)
+    train = Batches(corpus.train, batch_size, cfg.block_size, args.seed)
+    val = Batches(corpus.val, batch_size, cfg.block_size, 2)
+    val_batches = [val.next(device) for _ in range(args.eval_batches)]
+    model = GPT(cfg).to(device)
+    compiled = torch.compile(model)
+    opt = model.adamw(args.lr, 0.1, fused=gpu)
+
+    def autocast():
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=gpu)
+
+    rows: list[dict] = []
+    previous: dict[str, list[torch.Tensor]] = {}
+    done = 0
+    for target in fit_at:
+        for step in range(done, target):
+            for g in opt.param_groups:  # linear warm-up over 5% of the last fit step, then cosine to 10%
+                warm = max(1, fit_at[-1] // 20)
+                frac = min(1.0, (step + 1) / warm)
+                g["lr"] = args.lr * frac * (0.55 + 0.45 * math.cos(math.pi * step / fit_at[-1]))
+            x, y = train.next(device)
+            with autocast():
+                _, loss = compiled(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        done = step = target
+        fit = hidden(model, [train.next(device) for _ in range(args.fit_batches)], autocast)
+        held = hidden(model, val_batches, autocast)
+        zeros = sum((h == 0).sum().item() for h in held) / sum(h.numel() for h in held)
+        print(f"step {step}: train loss {loss.item():.4f}, H zero fraction {zeros:.3f}", flush=True)
+        for text, (v, n, m, c) in patterns.items():
+            t0 = time.perf_counter()
+            profiles = [block_mass(h, v).cpu() for h in fit]
+            perms = [cluster_units(pr, m, c) for pr in profiles]
+            fit_s = time.perf_counter() - t0
+            variants = {"identity": None, "clustered": perms}
+            if c > 1:
+                variants["chunks only"] = [cluster_units(pr, m, c, group=False) for pr in profiles]
+            if text in previous:
+                variants["stale (previous fit)"] = previous[text]
+            previous[text] = perms
+            for name, ps in variants.items():
+                rows.append({"step": step, "pattern": text, "variant": name, "kept": kept_mass(held, (v, n, m, c), ps),
+                             "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip
+                print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}", flush=True)
+    print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4f"))
+    if args.csv:
+        write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Hidden-unit clustering: a permutation of an FFN's hidden units so that a V:N:M pattern keeps more
+of H = relu(Z)^2 (neuron clustering, Madhyastha et al.).
+
+The pattern cuts H [T, F] into blocks of V tokens x M chunks of c units and keeps 4 chunks per
+block. Mass is lost where a block's mass spreads over more than 4 chunks of a group, or where a
+chunk's units fire in different blocks. From each unit's *block-mass profile* p_u[b] = sum over
+the V tokens of block b of H[t, u] (over a sample of batches), the permutation is built in two
+levels:
+1. chunks (c > 1): balanced k-means of the L2-normalized profiles into F/c clusters of exactly c
+   units (cosine similarity; capacity-constrained assignment), so that a chunk's units fire in
+   the same blocks;
+2. groups: the F/c chunks are dealt into groups of M, heaviest chunk first, each into the group
+   whose profile overlaps its own least (dot product of normalized profiles), so that in each
+   block few chunks of a group carry the mass.
+
+``perm[i]`` is the unit placed at position i: the permuted H is ``h[:, perm]``. Applied to an FFN
+as W1[perm], b1[perm], W2[:, perm] it leaves the dense function unchanged.
+"""
+
+import torch
+
+
+def block_mass(h: torch.Tensor, v: int) -> torch.Tensor:
+    """Profiles [F, T/V] (float32): the sum of h [T, F] over each block of v tokens."""
+    t, f = h.shape
+    if t % v:
+        raise ValueError(f"block_mass: token count T={t} is not a multiple of V={v}")
+    return h.reshape(t // v, v, f).sum(dim=1, dtype=torch.float32).t()
+
+
+def _normalized(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
+
+
+def _balanced_assign(sim: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Cluster of each row of sim [U, K] with exactly ``capacity`` rows per cluster (U = K * capacity):
+    every unassigned row proposes to its most similar cluster with room; a cluster accepts its most
+    similar proposers up to its room (deferred acceptance, vectorized per round)."""
+    u, k = sim.shape
+    assign = torch.full((u,), -1, dtype=torch.long, device=sim.device)
+    room = torch.full((k,), capacity, dtype=torch.long, device=sim.device)
+    sim = sim.clone()
+    while True:
+        free = (assign < 0).nonzero().squeeze(1)
+        if free.numel() == 0:
+            return assign
+        sim[:, room == 0] = float("-inf")
+        best_sim, best = sim[free].max(dim=1)
+        # rank the proposers of each cluster by similarity: sort by (cluster, -similarity)
+        order = torch.argsort(best_sim, descending=True, stable=True)
+        order = order[torch.argsort(best[order], stable=True)]
+        cl = best[order]
+        first = torch.searchsorted(cl, cl, right=False)  # index of the cluster's first proposer
+        rank = torch.arange(cl.numel(), device=sim.device) - first
+        take = rank < room[cl]
+        assign[free[order[take]]] = cl[take]
+        room -= torch.bincount(cl[take], minlength=k)
+
+
+def chunk_units(profiles: torch.Tensor, c: int, iters: int = 10) -> torch.Tensor:
+    """Chunks of c units with similar profiles: [F/c, c] unit ids (balanced spherical k-means).
+
+    Seeds: farthest-point traversal from the heaviest unit (deterministic); then ``iters`` rounds
+    of balanced assignment and centroid update."""
+    f = profiles.shape[0]
+    if c < 1 or f % c:
+        raise ValueError(f"chunk_units: F={f} units cannot form chunks of c={c}")
+    x = _normalized(profiles.float())
+    k = f // c
+    seeds = [int(profiles.float().sum(1).argmax())]
+    closest = x @ x[seeds[0]]
+    for _ in range(k - 1):
+        seeds.append(int(closest.argmin()))
+        closest = torch.maximum(closest, x @ x[seeds[-1]])
+    cent = x[seeds]
+    assign = None
+    for _ in range(iters):
+        new = _balanced_assign(x @ cent.t(), c)
+        if assign is not None and torch.equal(new, assign):
+            break
+        assign = new
+        cent = _normalized(torch.zeros_like(cent).index_add_(0, assign, x))
+    return torch.argsort(assign, stable=True).reshape(k, c)
+
+
+def group_chunks(profiles: torch.Tensor, m: int) -> torch.Tensor:
+    """Groups of m chunks whose profiles overlap least: [K/m, m] chunk ids, from chunk profiles
+    [K, B]. Heaviest chunk first, each into the group with room whose summed normalized profile
+    has the smallest dot product with its own (ties: the lower group)."""
+    kk = profiles.shape[0]
+    if m < 1 or kk % m:
+        raise ValueError(f"group_chunks: K={kk} chunks cannot form groups of M={m}")
+    g = kk // m
+    y = _normalized(profiles.float())
+    total = torch.zeros(g, y.shape[1], dtype=y.dtype, device=y.device)
+    members = [[] for _ in range(g)]
+    full = torch.zeros(g, dtype=torch.bool, device=y.device)
+    for chunk in torch.argsort(profiles.float().sum(1), descending=True, stable=True).tolist():
+        cost = (total @ y[chunk]).masked_fill(full, float("inf"))
+        best = int(cost.argmin())
+        members[best].append(chunk)
+        total[best] += y[chunk]
+        full[best] = len(members[best]) == m
+    return torch.tensor(members, dtype=torch.long, device=profiles.device)
+
+
+def cluster_units(profiles: torch.Tensor, m: int, c: int = 1, group: bool = True, iters: int = 10) -> torch.Tensor:
+    """The permutation [F] of hidden units (perm[i] = the unit at position i) from block-mass
+    profiles [F, B]: chunks of c co-firing units (c > 1), then groups of M chunks with the least
+    overlap (``group``; else the chunks stay in the order of their first unit)."""
+    if profiles.dim() != 2:
+        raise ValueError(f"cluster_units: expected profiles [F, B], got shape {tuple(profiles.shape)}")
+    f = profiles.shape[0]
+    if m < 1 or c < 1 or f % (m * c):
+        raise ValueError(f"cluster_units: F={f} units is not a multiple of M*c = {m}*{c}")
+    if c > 1:
+        chunks = chunk_units(profiles, c, iters)
+        chunks = chunks[torch.argsort(chunks.min(dim=1).values)]
+    else:
+        chunks = torch.arange(f, device=profiles.device).reshape(f, 1)
+    if group:
+        chunk_profiles = profiles.float()[chunks].sum(dim=1)
+        chunks = chunks[group_chunks(chunk_profiles, m).reshape(-1)]
+    return chunks.reshape(-1)
