@@ -40,6 +40,7 @@ CSV_FIELDS = [
     "lr",
     "loss",
     "val_loss",
+    "val_loss_dense",
     "tokens_per_s",
     "h_zero_frac",
     "h_kept_frac",
@@ -357,10 +358,14 @@ def train_one(
                 "lr": _lr(step, args),
                 "loss": distributed.mean(sum(losses) / len(losses), d, device),
                 "val_loss": "",
+                "val_loss_dense": "",
                 "tokens_per_s": interval_tokens / distributed.mean(interval_time, d, device),
             }
             if (step + 1) % args.eval_every == 0 or last:
                 row["val_loss"] = evaluate(args.final_eval_iters if last else args.eval_iters)
+                if phase == "sparse":  # the same weights with dense FFNs: does the sparse model lean on
+                    with sparse_compile.dense_phase():  # what its pattern sees (future tokens of a block)?
+                        row["val_loss_dense"] = evaluate(args.eval_iters)
             row.update(health.probe(x, autocast))
             result.rows.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", phase=phase)
@@ -406,6 +411,13 @@ def summary_table(results: dict[str, RunResult]) -> str:
             ]
         )
         rows.append(["sparse vs dense: speedup, whole run", "", f"{s.tokens_per_s() / d.tokens_per_s():.3f}x"])
+    if "sparse" in names:
+        both = [r for r in results["sparse"].rows if r.get("val_loss_dense", "") != ""]
+        if both:  # the last evaluation of the sparse phase, the same weights run both ways
+            r = both[-1]
+            gap = (r["val_loss"] - r["val_loss_dense"]) / r["val_loss_dense"]
+            rows.append([f"sparse run at step {r['step']}: val loss sparse / dense FFNs", "",
+                         f"{r['val_loss']:.4f} / {r['val_loss_dense']:.4f} ({100 * gap:+.2f}%)"])  # fmt: skip
     return tabulate(rows, headers=["", *names], tablefmt="github", disable_numparse=True)
 
 
@@ -423,6 +435,9 @@ def plot(results: dict[str, RunResult], schedule: sparse_compile.PhaseSchedule, 
         )
         val = [(row["step"], row["val_loss"]) for row in r.rows if row["val_loss"] != ""]
         ax.plot(*zip(*val, strict=True), "o--", color=colors[name], label=f"{name} val")
+        both = [(row["step"], row["val_loss_dense"]) for row in r.rows if row.get("val_loss_dense", "") != ""]
+        if both:
+            ax.plot(*zip(*both, strict=True), "x", color=colors[name], label=f"{name} val, same weights, dense FFNs")
         hx.plot(
             [row["step"] for row in r.rows],
             [row["h_zero_frac"] for row in r.rows],

@@ -108,7 +108,7 @@ def test_train_smoke_on_cpu(tmp_path):
         "--log-every",
         "2",
         "--eval-every",
-        "3",
+        "2",
         "--eval-iters",
         "1",
         "--out",
@@ -127,6 +127,11 @@ def test_train_smoke_on_cpu(tmp_path):
         assert 0 <= float(r["h_zero_frac"]) <= 1
     assert any(r["phase"] == "sparse" for r in rows if r["run"] == "sparse")
     assert all(math.isfinite(float(r["val_loss"])) for r in rows if r["val_loss"])
+    # the sparse phase's evaluations also run the same weights with dense FFNs: a different number
+    both = [r for r in rows if r["val_loss_dense"]]
+    assert both and all(r["run"] == "sparse" and r["phase"] == "sparse" for r in both)
+    assert all(math.isfinite(float(r["val_loss_dense"])) and r["val_loss_dense"] != r["val_loss"] for r in both)
+    assert "val loss sparse / dense FFNs" in done.stdout
     assert (out / "loss.png").stat().st_size > 10_000
     assert "final val loss" in (out / "summary.txt").read_text()
 
@@ -233,3 +238,39 @@ def test_packages_corpus_of_this_machine(tmp_path):
     corpus = Corpus.load(tmp_path, source="packages")
     assert len(corpus.train) > 60_000_000 and len(corpus.val) > 3_000_000
     assert corpus.source.startswith("Python ") and "torch " in corpus.source and "sympy " in corpus.source
+
+
+def _log(folder, rows):
+    folder.mkdir()
+    fields = ["run", "step", "segment", "phase", "lr", "loss", "val_loss", "val_loss_dense", "tokens_per_s",
+              "h_zero_frac", "h_kept_frac", "weight_flip_rate"]  # fmt: skip
+    with open(folder / "log.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fields, restval="")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_seeds_pairs_runs_and_reports_the_spread(tmp_path):
+    from bench.seeds import load, main, summarize
+
+    for name, dense, sparse, kept in (("s0", 1.00, 1.02, (0.6, 0.8)), ("s1", 1.01, 1.00, (0.7, 0.7))):
+        _log(tmp_path / name, [
+            {"run": "dense", "step": 1, "phase": "dense", "val_loss": 9.0},
+            {"run": "dense", "step": 2, "phase": "dense", "val_loss": dense},
+            {"run": "sparse", "step": 1, "phase": "sparse", "val_loss": 9.0, "h_kept_frac": kept[0]},
+            {"run": "sparse", "step": 2, "phase": "dense", "val_loss": sparse, "h_kept_frac": 0.99},
+            {"run": "sparse", "step": 3, "phase": "sparse", "val_loss": "", "h_kept_frac": kept[1]},
+        ])  # fmt: skip
+    runs = [load(tmp_path / "s0"), load(tmp_path / "s1")]
+    assert [r.diff for r in runs] == pytest.approx([0.02, -0.01 / 1.01])
+    assert [r.kept for r in runs] == pytest.approx([0.7, 0.7])  # sparse-phase rows only
+    s = summarize(runs)
+    assert s["dense_spread"] == pytest.approx(0.01 / 1.005)
+    assert s["diff_mean"] == pytest.approx((0.02 - 0.01 / 1.01) / 2)
+    assert s["diff_se"] == pytest.approx(abs(0.02 + 0.01 / 1.01) / 2)  # stdev of 2 / sqrt(2)
+    swapped = load(tmp_path / "s0", sparse_from=tmp_path / "s1")
+    assert (swapped.dense, swapped.sparse) == (1.00, 1.00)
+    _log(tmp_path / "dense_only", [{"run": "dense", "step": 1, "phase": "dense", "val_loss": 1.0}])
+    assert main([str(tmp_path / "dense_only")]) == 2
+    assert main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--csv", str(tmp_path / "seeds.csv")]) == 0
+    assert "summary" in (tmp_path / "seeds.csv").read_text()
