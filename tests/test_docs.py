@@ -17,10 +17,25 @@ def _table_after(text: str, header_start: str) -> list[str]:
 
 
 def test_main_job_table_is_quoted_verbatim():
-    header = "|                                        | dense   | sparse   |"
+    header = "| seed | dense val | sparse val |"
     quoted = _table_after(README, header)
-    assert len(quoted) == 11
+    assert len(quoted) == 6
     assert quoted == _table_after(RESULTS, header)
+
+
+def test_main_job_table_is_the_measured_csv():
+    import csv
+
+    path = ROOT / "bench" / "results" / "h100_125m_2400steps_seeds_venom_3b6d6d8.csv"
+    rows = list(csv.DictReader(open(path)))
+    table = _table_after(RESULTS, "| seed | dense val | sparse val |")[2:]
+    for line, row in zip(table[:3], rows[:3], strict=True):
+        cells = _cells(line)
+        assert cells[1:4] == [f"{float(row['dense']):.4f}", f"{float(row['sparse']):.4f}", f"{float(row['diff']):+.2%}"]
+    mean = _cells(table[3])
+    summary = rows[3]
+    assert mean[3] == f"{float(summary['diff_mean']):+.2%} ± {float(summary['diff_se']):.2%}"
+    assert f"dense seed-to-seed spread {float(summary['dense_spread']):.2%}" in RESULTS
 
 
 def test_ffn_table_is_quoted_verbatim():
