@@ -200,16 +200,21 @@ class Health:
     since the previous probe.
     """
 
-    def __init__(self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1) -> None:
+    def __init__(
+        self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1,
+        causal: bool = False,
+    ) -> None:  # fmt: skip
         self.model = model
         self.pattern = pattern
         self.chunk = chunk
+        self.causal = causal
         self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
     @torch.no_grad()
     def probe(self, x: torch.Tensor, autocast) -> dict[str, float]:
         hs: list[torch.Tensor] = []
+        seq = x.shape[-1] if self.causal else None  # x [B, S] token ids
         hooks = [
             b.mlp.register_forward_hook(lambda m, inp, out: hs.append(torch.relu(m.c_fc(inp[0])).square()))
             for b in self.model.blocks
@@ -225,8 +230,9 @@ class Health:
         if self.pattern is not None:
             flat = [h.reshape(-1, h.shape[-1]).float() for h in hs]
             v, _, m = self.pattern
-            if all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
-                kept = sum((f * vnm_mask(f, *self.pattern, self.chunk)).sum().item() for f in flat) / sum(
+            fits = seq is None or seq % v == 0
+            if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
+                kept = sum((f * vnm_mask(f, *self.pattern, self.chunk, seq)).sum().item() for f in flat) / sum(
                     f.sum().item() for f in flat
                 )
         flips = math.nan
@@ -295,7 +301,9 @@ def train_one(
             local = sum(compiled(x, y)[1].item() for x, y in val_batches[:n]) / n
         return distributed.mean(local, d, device)
 
-    health = Health(model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk)
+    health = Health(
+        model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk, args.config.causal
+    )
     result = RunResult(name)
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)

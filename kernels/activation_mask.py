@@ -12,6 +12,13 @@ the c offsets, its N largest of the 4 chunks' entries. c = 1 is the pattern abov
 is then nonzero only in the token blocks that kept its chunk, which makes dW = (.)^T (.) block-
 sparse along tokens (kernels/chunk_wgrad_triton.py).
 
+Causal patterns (``seq``, tokens per sequence, a multiple of V): the 4 chunks a block keeps are
+chosen from the tokens before it, so no token's output depends on a later token. Block j > 0 of
+a sequence is scored by the norms of block j - 1; a sequence's first block by its first token's
+row alone. The in-row choice is per token, causal either way. Without ``seq`` a block's columns
+are chosen from all V of its tokens, later ones included: token t's kept columns then carry
+information about tokens t+1 .. of its block, which a causal LM can learn to read.
+
 Ties, both steps: the lower column (chunk) index wins (the order of a stable descending sort).
 Kept column ids are stored ascending. Column choice ranks each column by the number of columns
 with a larger norm plus those with an equal norm at a lower index ([..., M, M] comparisons on
@@ -21,7 +28,11 @@ the small [T/V, F/M, M] norm tensor); the in-row choice is N rounds of argmax (f
 import torch
 
 
-def _check(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> None:
+def _check(h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None) -> None:
+    if seq is not None and (seq < v or seq % v or h.shape[0] % seq):
+        raise ValueError(
+            f"vnm: causal pattern with sequences of {seq} tokens: needs a multiple of V={v} that divides T={h.shape[0]}"
+        )
     if h.dim() != 2:
         raise ValueError(f"vnm: expected a 2-D activation [T, F], got shape {tuple(h.shape)}")
     t, f = h.shape
@@ -44,13 +55,29 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     return ahead.sum(-1) < k
 
 
-def _vnm(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen [T/V, F/(M c), M]: the 4 chunks of largest float32 L1 norm per V x M-chunk block,
-    keep [T/V, V, F/(M c), M, c]: the V:N:M mask)."""
-    _check(h, v, n, m, c)
+def block_scores(h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = None) -> torch.Tensor:
+    """The float32 L1 norm [T/V, F/(M c), M] each block ranks its chunks by: over its own V tokens,
+    or (causal, ``seq``) over the previous block of its sequence / its first token's row."""
     t, f = h.shape
     blocks = h.reshape(t // v, v, f // (m * c), m, c)
-    chosen = top_k_mask(blocks.sum(dim=(1, 4), dtype=torch.float32), 4)
+    own = blocks.sum(dim=(1, 4), dtype=torch.float32)
+    if seq is None:
+        return own
+    first = blocks[:, 0].sum(dim=-1, dtype=torch.float32)
+    previous = torch.cat([first[:1], own[:-1]])
+    starts = (torch.arange(t // v, device=h.device) % (seq // v) == 0)[:, None, None]
+    return torch.where(starts, first, previous)
+
+
+def _vnm(
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen [T/V, F/(M c), M]: the 4 chunks of largest float32 L1 norm per V x M-chunk block
+    (block_scores), keep [T/V, V, F/(M c), M, c]: the V:N:M mask)."""
+    _check(h, v, n, m, c, seq)
+    t, f = h.shape
+    blocks = h.reshape(t // v, v, f // (m * c), m, c)
+    chosen = top_k_mask(block_scores(h, v, m, c, seq), 4)
     if n == 4:
         return chosen, chosen[:, None, :, :, None].expand(blocks.shape)
     # N rounds of argmax over the M chunks at each row and offset, unchosen chunks at -inf: argmax
@@ -64,19 +91,22 @@ def _vnm(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> tuple[torch.Ten
     return chosen, keep
 
 
-def vnm_mask(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> torch.Tensor:
-    """Boolean mask [T, F] of the V:N:M pattern of ``h`` with c-unit chunks (see module docstring)."""
-    return _vnm(h, v, n, m, c)[1].reshape(h.shape)
+def vnm_mask(h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None) -> torch.Tensor:
+    """Boolean mask [T, F] of the V:N:M pattern of ``h`` with c-unit chunks, causal over sequences of
+    ``seq`` tokens when given (see module docstring)."""
+    return _vnm(h, v, n, m, c, seq)[1].reshape(h.shape)
 
 
-def vnm_select(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def vnm_select(
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept chunks and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
 
     Returns ``cols`` int64 [T/V, F/(M c), 4]: kept chunk ids inside each group of M chunks,
     ascending; and ``keep`` bool [T, F/(M c), 4 c]: which of those 4 each row keeps at each
     offset o (entry j c + o for chunk j; N per row and offset).
     """
-    chosen, mask = _vnm(h, v, n, m, c)
+    chosen, mask = _vnm(h, v, n, m, c, seq)
     t, f = h.shape
     g = f // (m * c)
     ids = torch.arange(m, device=h.device).expand_as(chosen)
@@ -86,7 +116,7 @@ def vnm_select(h: torch.Tensor, v: int, n: int, m: int, c: int = 1) -> tuple[tor
 
 
 def vnm_compact_ref(
-    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int = 1
+    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int = 1, seq: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The compact V:N:M form of H = relu(z + bias)^2 (z [T, F], bias [F] or None), in z's dtype.
 
@@ -97,7 +127,7 @@ def vnm_compact_ref(
     """
     r = torch.relu(z if bias is None else z + bias)
     h = r * r
-    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c)
+    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c, seq)
     return h_c, r_c, ids
 
 
@@ -108,10 +138,12 @@ def vnm_compact_abs_ref(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.
     return x_c, ids
 
 
-def _compact(score: torch.Tensor, values: tuple[torch.Tensor, ...], v: int, n: int, m: int, c: int = 1):
+def _compact(
+    score: torch.Tensor, values: tuple[torch.Tensor, ...], v: int, n: int, m: int, c: int = 1, seq: int | None = None
+):
     """Each of ``values`` at the kept places of the V:N:M pattern of ``score`` (compact, 0 where a
     row drops the entry), and the int32 ids of the compact columns."""
-    cols, keep = vnm_select(score, v, n, m, c)
+    cols, keep = vnm_select(score, v, n, m, c, seq)
     t, f = score.shape
     g = torch.arange(f // (m * c), device=score.device)[:, None, None] * (m * c)
     ids = (g + cols[..., None] * c + torch.arange(c, device=score.device)).reshape(t // v, f * 4 // m)

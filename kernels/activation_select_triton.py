@@ -152,11 +152,20 @@ def _vnm_select_kernel(
     G, stride_z, stride_c, stride_ids,
     V: tl.constexpr, N: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr, ABS: tl.constexpr,
-    KEEP: tl.constexpr, DROP: tl.constexpr,
+    KEEP: tl.constexpr, DROP: tl.constexpr, CAUSAL: tl.constexpr, SEQ_BLOCKS,
 ):  # fmt: skip
     """ABS: score |Z| instead of relu(Z + b)^2 and keep the signed Z (hc_ptr only; vnm_select_abs).
-    KEEP / DROP: cache eviction policies of the first and the second read of the tile."""
+    KEEP / DROP: cache eviction policies of the first and the second read of the tile.
+    CAUSAL: pass 1 scores the previous block of the sequence (SEQ_BLOCKS blocks per sequence), or
+    the block's first row in a sequence's first block."""
     tb = tl.program_id(0)  # token block
+    if CAUSAL:
+        starts = tb % SEQ_BLOCKS == 0
+        src = tl.where(starts, tb, tb - 1)  # the block pass 1 scores
+        scored = tl.where(starts, 1, V)  # its rows that count
+    else:
+        src = tb
+        scored = V
     g0 = tl.program_id(1) * BLOCK_G  # first M-group of this program
     grp = g0 + tl.arange(0, BLOCK_G)
     j = tl.arange(0, M_P)
@@ -173,8 +182,8 @@ def _vnm_select_kernel(
     # reduction at the end, not one per step)
     acc = tl.zeros((ROWS, BLOCK_G, M_P), dtype=tl.float32)
     for r0 in range(0, V, ROWS):
-        rows = tb * V + r0 + r_idx
-        ok = ((r0 + r_idx) < V)[:, None, None] & col_ok[None, :, :]
+        rows = src * V + r0 + r_idx
+        ok = ((r0 + r_idx) < scored)[:, None, None] & col_ok[None, :, :]
         ptrs = z_ptr + rows[:, None, None].to(tl.int64) * stride_z + cols[None, :, :]
         z = tl.load(ptrs, mask=ok, other=0.0, eviction_policy=KEEP)
         if ABS:
@@ -272,8 +281,10 @@ def vnm_select_compact(
     num_warps: int = 4,
     evict: bool = EVICT_DEFAULT,
     onchip: bool | None = None,
+    seq: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton version of ``vnm_compact_ref(z, bias, v, n, m)``: (h_c, r_c, ids), same shapes and dtypes.
+    """Triton version of ``vnm_compact_ref(z, bias, v, n, m, seq=seq)``: (h_c, r_c, ids), same shapes
+    and dtypes; ``seq``: the causal pattern over sequences of that many tokens (two-read kernel).
 
     Tiling (powers of two; the defaults are what bench/select_kernel.py measured): ``block_g`` M-groups
     per program, ``rows`` token rows per step of each pass, ``num_warps``. ``evict``: the first read
@@ -282,7 +293,7 @@ def vnm_select_compact(
     ``rows`` unused), for power-of-two V and M with ``block_g`` dividing F/M; None: where it measured
     faster (ONCHIP_DEFAULT, with its tiling, when neither ``block_g`` nor ``rows`` is given).
     """
-    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip)
+    return _select("vnm_select_compact", z, bias, v, n, m, block_g, rows, num_warps, False, evict, onchip, seq)
 
 
 def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,11 +303,13 @@ def vnm_select_abs(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.Tenso
     return x_c, ids
 
 
-def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False):
+def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=EVICT_DEFAULT, onchip=False, seq=None):
     """Check the inputs (errors name ``name``), pick the kernel and tiling, launch; (h_c, r_c, ids)."""
     if not isinstance(z, torch.Tensor) or z.dtype not in _DTYPES:
         raise ValueError(f"{name}: z.dtype={getattr(z, 'dtype', type(z))}; expected one of {_DTYPES}")
-    _check(z, v, n, m)
+    _check(z, v, n, m, seq=seq)
+    if seq is not None and onchip:
+        raise ValueError(f"{name}(onchip=True): the one-read kernel has no causal variant (seq={seq})")
     if not z.is_contiguous():
         raise ValueError(f"{name}: z must be contiguous (row-major [T, F])")
     t, f = z.shape
@@ -308,7 +321,7 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=E
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     if onchip is None:
         default_g = ONCHIP_DEFAULT.get((v, m), 0)
-        onchip = default_g > 0 and (f // m) % default_g == 0 and block_g is None and rows is None
+        onchip = default_g > 0 and (f // m) % default_g == 0 and block_g is None and rows is None and seq is None
         if onchip:
             block_g = default_g
     if onchip:
@@ -337,6 +350,7 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=E
         z, bias if bias is not None else z, h_c, r_c, ids,
         f // m, z.stride(0), h_c.stride(0), ids.stride(0),
         V=v, N=n, M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, HAS_BIAS=bias is not None, ABS=abs_score,
-        KEEP="evict_last" if evict else "", DROP="evict_first" if evict else "", num_warps=num_warps,
+        KEEP="evict_last" if evict else "", DROP="evict_first" if evict else "", CAUSAL=seq is not None,
+        SEQ_BLOCKS=(seq or v) // v, num_warps=num_warps,
     )  # fmt: skip
     return h_c, r_c, ids

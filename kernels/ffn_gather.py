@@ -58,10 +58,12 @@ def sqrelu_ffn_forward_gather(
     f1_alg: int | None = None,
     dense: frozenset[str] = frozenset(),
     chunk: int = 1,
+    seq: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
-    ``chunk``: units per kept column (then F2 always gathers)."""
+    ``chunk``: units per kept column (then F2 always gathers); ``seq``: the causal pattern over
+    sequences of that many tokens (chunk 1)."""
     _check_chunk(v, m, chunk, dense)
     if f1_alg is None:
         z = F.linear(x, w1, b1)
@@ -70,7 +72,7 @@ def sqrelu_ffn_forward_gather(
     if chunk > 1:
         h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk)
     else:
-        h_c, r_c, ids = vnm_select_compact(z, None, v, n, m)
+        h_c, r_c, ids = vnm_select_compact(z, None, v, n, m, seq=seq)
     del z
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)

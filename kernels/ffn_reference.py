@@ -25,13 +25,14 @@ def sqrelu_ffn_forward_ref(
     b2: torch.Tensor | None,
     pattern: tuple[int, int, int] | None,
     chunk: int = 1,
+    seq: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H), kept
-    in chunks of ``chunk`` hidden units."""
+    in chunks of ``chunk`` hidden units, causal over sequences of ``seq`` tokens when given."""
     r = torch.relu(F.linear(x, w1, b1))
     h = r * r
     if pattern is not None:
-        keep = vnm_mask(h, *pattern, chunk)
+        keep = vnm_mask(h, *pattern, chunk, seq)
         r = r * keep
         h = h * keep
     return F.linear(h, w2, b2), r

@@ -73,6 +73,13 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     pattern = config.activation_pattern
     if pattern is not None and not guard_or_false(h % pattern[2] == 0):
         return f"activations {config.activations} need hidden % M == 0; got hidden={h}, M={pattern[2]}"
+    if config.causal and pattern is not None:
+        seq = x.shape[-2] if x.dim() >= 3 else x.shape[0]
+        if not guard_or_false(seq % pattern[0] == 0):
+            return (
+                f"causal activations {config.activations} need the sequence length (x's second-to-last dim) to be "
+                f"a multiple of V={pattern[0]}; got x {tuple(x.shape)}"
+            )
     if pattern is not None and config.chunk > 1 and not guard_or_false(h % (pattern[2] * config.chunk) == 0):
         return (
             f"activations {config.activations} in chunks of {config.chunk} need hidden % (M * chunk) == 0; "

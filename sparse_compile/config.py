@@ -63,6 +63,11 @@ class SparsityConfig:
         each block of V tokens keeps 4 of every M chunks of ``chunk`` adjacent units. 1 (default) is
         the plain pattern; > 1 makes the weight gradients block-sparse along tokens. Needs V:N:M
         activations with V > 1, and hidden % (M * chunk) == 0 at a site (else the site stays dense).
+    causal: a V:N:M block (V > 1) chooses its kept columns from the tokens before it (the previous
+        block of its sequence; a sequence's first block from its first token), so no token's output
+        depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
+        dim (a 2-D x is one sequence); its length must be a multiple of V at the site. False
+        (default): a block's columns come from all of its V tokens, later ones included.
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -76,6 +81,7 @@ class SparsityConfig:
     weight_grad_dense_frac: float = 0.02
     kernels: str = "auto"
     chunk: int = 1
+    causal: bool = False
     min_hidden: int = 0
     masked_decay: float = 0.0
 
@@ -94,6 +100,18 @@ class SparsityConfig:
             raise ValueError(
                 f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1; "
                 f"got activations={self.activations!r}"
+            )
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"SparsityConfig.causal={self.causal!r}: expected True or False")
+        if self.causal and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):
+            raise ValueError(
+                f"SparsityConfig.causal=True needs V:N:M activations with V > 1 (2:4 and V = 1 choose per "
+                f"token and are causal already); got activations={self.activations!r}"
+            )
+        if self.causal and self.chunk > 1:
+            raise ValueError(
+                f"SparsityConfig.causal=True with chunk={self.chunk}: causal chunked patterns are not built; "
+                "use chunk=1"
             )
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
@@ -133,6 +151,7 @@ class SparsityConfig:
             f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels};"
             f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
             + (f";chunk={self.chunk}" if self.chunk > 1 else "")
+            + (";causal=1" if self.causal else "")
         )
 
 

@@ -17,6 +17,8 @@ def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
     a = f"A{config.activations}" if config.activations else ""
     if a and config.chunk > 1:
         a += f"c{config.chunk}"  # in chunks of c units
+    if a and config.causal:
+        a += " causal"  # columns chosen from earlier tokens
 
     def both(*parts: str) -> str:
         return "+".join(p for p in parts if p) or "dense"

@@ -51,7 +51,8 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
         pattern = config.activation_pattern
         h2 = h.reshape(-1, h.shape[-1])
         if pattern is not None and h2.shape[0] % pattern[0] == 0:
-            h = h * vnm_mask(h2.detach(), *pattern, config.chunk).reshape(h.shape)
+            seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
+            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq).reshape(h.shape)
         x = x + F.linear(h, ste(b.proj.weight), b.proj.bias)
     return x
 
@@ -81,6 +82,7 @@ CONFIGS = {
     "act64:2:8": {"activations": "64:2:8"},
     "act32:4:16": {"activations": "32:4:16"},
     "venom": {"preset": "venom"},
+    "causal32:2:8": {"activations": "32:2:8", "causal": True},
 }
 
 

@@ -53,13 +53,15 @@ def _sig(names: str, constexprs: dict, types: dict) -> dict:
 def kernels() -> list[tuple[str, object, dict, dict]]:
     ptr = {"z_ptr": "*bf16", "b_ptr": "*bf16", "hc_ptr": "*bf16", "rc_ptr": "*bf16", "ids_ptr": "*i32"}
     cases = []
-    for v, n, m in [(128, 2, 16), (64, 2, 8), (128, 4, 8), (1, 2, 4), (3, 1, 12)]:
+    for v, n, m, causal in [(128, 2, 16, False), (64, 2, 8, False), (128, 4, 8, False), (1, 2, 4, False),
+                            (3, 1, 12, False), (64, 2, 8, True), (128, 2, 16, True)]:  # fmt: skip
         m_p = triton.next_power_of_2(m)
         ce = {"V": v, "N": n, "M": m, "M_P": m_p, "ROWS": min(16, triton.next_power_of_2(v)), "BLOCK_G": 256 // m_p}
-        ce |= {"HAS_BIAS": True, "ABS": False, "KEEP": "evict_last", "DROP": "evict_first"}
+        ce |= {"HAS_BIAS": True, "ABS": False, "KEEP": "evict_last", "DROP": "evict_first", "CAUSAL": causal}
         names = "z_ptr b_ptr hc_ptr rc_ptr ids_ptr G stride_z stride_c stride_ids V N M M_P ROWS BLOCK_G HAS_BIAS ABS "
-        names += "KEEP DROP"
-        cases.append((f"select {v}:{n}:{m}", select._vnm_select_kernel, _sig(names, ce, ptr), ce))
+        names += "KEEP DROP CAUSAL SEQ_BLOCKS"
+        label = f"select {v}:{n}:{m}" + (" causal" if causal else "")
+        cases.append((label, select._vnm_select_kernel, _sig(names, ce, ptr), ce))
     for (v, m), block_g in select.ONCHIP_DEFAULT.items():
         for dt, asm, bias in (("bf16", True, True), ("bf16", False, True), ("fp16", True, True), ("bf16", True, False)):
             ce = {"V": v, "N": 2, "M": m, "BLOCK_G": block_g, "HAS_BIAS": bias, "ASM": asm}

@@ -14,6 +14,7 @@ import torch
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
 from sparse_compile.ops.spec import (
     activation_pattern_for,
+    causal_seq,
     check_inputs,
     ffn_autograd,
     ffn_setup,
@@ -33,8 +34,10 @@ def sqrelu_ffn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_inputs(x, w1, w2)
     x2 = x.reshape(-1, x.shape[-1])
-    pattern = activation_pattern_for(parse_spec(spec), x2.shape[0])
-    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, parse_spec(spec).chunk)
+    op = parse_spec(spec)
+    pattern = activation_pattern_for(op, x2.shape[0])
+    seq = causal_seq(op, x) if pattern is not None else None
+    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from sparse_compile.ops.spec import check_inputs, ffn_autograd, ffn_setup, grads_like, parse_spec
+from sparse_compile.ops.spec import causal_seq, check_inputs, ffn_autograd, ffn_setup, grads_like, parse_spec
 
 
 def _vnm_of(spec: str, tokens: int) -> tuple[int, int, int]:
@@ -35,7 +35,9 @@ def sqrelu_ffn_vnm(
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
-    y, r_c, ids = sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk)
+    y, r_c, ids = sqrelu_ffn_forward_gather(
+        x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x)
+    )
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
 
 

@@ -5,6 +5,7 @@ ops stay opaque to Dynamo and AOTAutograd: 'weights=2:4;activations=64:2:8;kerne
 """
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ class OpSpec:
     dense_gemms: frozenset[str] = frozenset()  # of F2, B1, B3: on cuBLAS instead of the gather kernels
     act24_alg: int | None = None  # 2:4 activations: F2 and B3 through cuSPARSELt with this id (-1: cuBLAS)
     chunk: int = 1  # hidden units per kept column of the V:N:M pattern
+    causal: bool = False  # columns chosen from earlier tokens (kernels/activation_mask.py)
 
 
 @functools.cache
@@ -52,6 +54,7 @@ def parse_spec(spec: str) -> OpSpec:
         dense_gemms=dense_gemms,
         act24_alg=int(fields["act24_alg"]) if "act24_alg" in fields else None,
         chunk=int(fields.get("chunk", 1)),
+        causal=fields.get("causal") == "1",
     )
 
 
@@ -85,6 +88,21 @@ def activation_pattern_for(spec: OpSpec, tokens: int) -> tuple[int, int, int] | 
         warn_dense_fallback(tokens, pattern[0])
         return None
     return pattern
+
+
+def causal_seq(spec: OpSpec, x: torch.Tensor) -> int | None:
+    """Tokens per sequence of a causal pattern (x's second-to-last dim; all tokens for a 2-D x),
+    None when the pattern is not causal."""
+    if not spec.causal:
+        return None
+    seq = x.shape[-2] if x.dim() >= 3 else math.prod(x.shape[:-1])
+    v = spec.activations[0]
+    if seq % v:
+        raise ValueError(
+            f"sparse_compile: causal V:N:M with V={v} needs the sequence length (x's second-to-last dim) to be "
+            f"a multiple of V; got x {tuple(x.shape)}"
+        )
+    return seq
 
 
 def grads_like(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:

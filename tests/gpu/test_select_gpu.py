@@ -76,3 +76,16 @@ def test_weight_mask_bit_exact(shape, dtype):
     got, mask = sparsify_24_triton(w, with_mask=True)
     want = transposable_24_mask(w)
     assert torch.equal(mask, want) and torch.equal(got, w * want)
+
+
+@pytest.mark.parametrize("v, n, m", [(64, 2, 8), (128, 2, 16), (128, 2, 8)], ids=lambda p: str(p))
+@pytest.mark.parametrize("seq", [1024, 2048])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_causal_selection_bit_exact(v, n, m, seq, dtype):
+    z = _randn((T, 8192), dtype, seq + v + m)
+    b = _randn((8192,), dtype, 11, 0.1)
+    _poison()
+    got = vnm_select_compact(z, b, v, n, m, seq=seq)
+    for name, a, r in zip(("h_c", "r_c", "ids"), got, vnm_compact_ref(z, b, v, n, m, seq=seq), strict=True):
+        assert a.dtype == r.dtype and torch.equal(a, r), name
+    assert not torch.equal(got[2], vnm_compact_ref(z, b, v, n, m)[2])  # not the plain pattern
