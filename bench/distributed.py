@@ -2,7 +2,10 @@
 (DDP or FSDP2), and the few reductions the logs need. One process per GPU (or CPU process, gloo).
 
 DDP runs with torch._dynamo.config.optimize_ddp = False in both arms, so no bucket boundary cuts an
-FFN chain (README, "Distributed"); FSDP2 shards every transformer block and the root.
+FFN chain (README, "Distributed"). FSDP2 is set up as PyTorch documents it for compiled training:
+each transformer block compiled on its own (``Module.compile``: one graph per block), then
+``fully_shard`` per block and on the root, so FSDP's all-gather / reduce-scatter hooks run between
+the block graphs and can prefetch and overlap; the embedding, final norm and head run eagerly.
 """
 
 import os
@@ -40,8 +43,18 @@ def setup(mode: str, device_type: str) -> Dist:
     return Dist(mode, dist.get_rank(), dist.get_world_size(), local)
 
 
+def compile_model(model: nn.Module, d: Dist, **compile_kwargs) -> nn.Module:
+    """``model`` ready to train: torch.compile(model, **compile_kwargs), of DDP(model) under DDP; under
+    FSDP2 each block compiled in place, then sharded (the returned model is ``model`` itself)."""
+    if d.mode == "fsdp":
+        for block in model.blocks:
+            block.compile(**compile_kwargs)
+        return wrap(model, d)
+    return torch.compile(wrap(model, d), **compile_kwargs)
+
+
 def wrap(model: nn.Module, d: Dist) -> nn.Module:
-    """The module to compile: DDP(model), or ``model`` itself after fully_shard (FSDP2)."""
+    """DDP(model), or ``model`` itself after fully_shard per block and on the root (FSDP2)."""
     if d.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 

@@ -219,8 +219,8 @@ class Health:
             b.mlp.register_forward_hook(lambda m, inp, out: hs.append(torch.relu(m.c_fc(inp[0])).square()))
             for b in self.model.blocks
         ]
-        try:
-            with autocast():
+        try:  # eager, also where the blocks are compiled in place (FSDP2): the hooks read H
+            with autocast(), torch.compiler.set_stance("force_eager"):
                 self.model(x)
         finally:
             for h in hooks:
@@ -280,11 +280,11 @@ def train_one(
     device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     torch.manual_seed(args.seed)
     model = GPT(SIZES[args.size]).to(device)
-    wrapped = distributed.wrap(model, d)
     if name == "dense":
-        compiled = torch.compile(wrapped, mode=None if args.compile_mode == "default" else args.compile_mode)
+        mode = None if args.compile_mode == "default" else args.compile_mode
+        compiled = distributed.compile_model(model, d, mode=mode)
     else:
-        compiled = torch.compile(wrapped, backend="sparse", options=args.options)
+        compiled = distributed.compile_model(model, d, backend="sparse", options=args.options)
     opt = _optimizer(model, args)
     batches = Batches(corpus.train, args.batch_size, args.seq_len, args.seed + 1, d.rank, d.world)
     gpu = device.type == "cuda"
