@@ -13,10 +13,17 @@ Per configuration:
                (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, other)
 Writes e2e.csv (one row per configuration), kernels.csv (the heaviest kernels of each) and
 summary.txt (header, table, the sparse configurations' site reports) to --out.
+
+Many GPUs: torchrun --nproc-per-node N -m bench.e2e --distributed ddp|fsdp (bench/distributed.py:
+DDP, or FSDP2 with each block compiled in place). --batch-size is per GPU; every rank runs the
+same steps, rank 0 times them and writes. tokens/s counts all GPUs, "per GPU" divides by N, and
+--baseline E2E_CSV (a one-GPU run of the same sizes and configurations) adds each row's per-GPU
+throughput against one GPU.
 """
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import gc
 import math
@@ -30,6 +37,7 @@ import torch
 from tabulate import tabulate
 
 import sparse_compile
+from bench import distributed
 from bench.data import Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES
@@ -62,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=12, help="heaviest kernels per configuration in kernels.csv")
     p.add_argument("--out", default="runs/e2e", help="folder for e2e.csv, kernels.csv and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
+    p.add_argument("--distributed", choices=distributed.MODES, default="none", help="ddp or fsdp, under torchrun")
+    p.add_argument("--baseline", type=Path, help="e2e.csv of a one-GPU run: per-GPU throughput against it")
     args = p.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,9 +112,12 @@ def _sites(reports: list) -> str:
     return f"{len(sparse)}/{len(rows)} sparse" + (f": {', '.join(kernels)}" if kernels else "")
 
 
-def run_one(size: str, label: str, args: argparse.Namespace, corpus: Corpus) -> tuple[dict, list[dict], str]:
-    """(CSV row, heaviest kernels, site reports) of one configuration at one size."""
-    device = torch.device(args.device)
+def run_one(
+    size: str, label: str, args: argparse.Namespace, corpus: Corpus, d: distributed.Dist | None = None
+) -> tuple[dict, list[dict], str]:
+    """(CSV row, heaviest kernels, site reports) of one configuration at one size (rank 0's view)."""
+    d = d or distributed.Dist()
+    device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     gpu = device.type == "cuda"
     torch._dynamo.reset()
     cfg = SIZES[size]
@@ -113,11 +126,11 @@ def run_one(size: str, label: str, args: argparse.Namespace, corpus: Corpus) -> 
     model = GPT(cfg).to(device)
     n_reports = len(sparse_compile.compile_reports())
     if label == "dense":
-        compiled = torch.compile(model)
+        compiled = distributed.compile_model(model, d)
     else:
-        compiled = torch.compile(model, backend="sparse", options=_options(label))
-    opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu)
-    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1)
+        compiled = distributed.compile_model(model, d, backend="sparse", options=_options(label))
+    opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu and d.mode != "fsdp")  # FSDP2 shards: default path
+    batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1, rank=d.rank, world=d.world)
     data = [batches.next(device) for _ in range(DATA_BATCHES)]
     sparse_compile.set_phase("sparse")
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if gpu else contextlib.nullcontext
@@ -146,14 +159,18 @@ def run_one(size: str, label: str, args: argparse.Namespace, corpus: Corpus) -> 
         sync()
         times.append(time.perf_counter() - t0)
     median = statistics.median(times[args.warmup :])
-    tokens = args.batch_size * args.seq_len
+    tokens = args.batch_size * args.seq_len * d.world
     row = {
         "size": size,
-        "params_M": round(model.num_params() / 1e6, 1),
+        "params_M": round(model.num_params() / 1e6, 1),  # FSDP2's DTensor shards report their global numel
         "config": label,
+        "distributed": d.mode,
+        "gpus": d.world,
         "tokens_per_step": tokens,
         "step_ms": round(median * 1e3, 2),
         "tokens_per_s": round(tokens / median),
+        "tokens_per_s_per_gpu": round(tokens / median / d.world),
+        "vs_one_gpu": "",
         "speedup": "",
         "peak_mem_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if gpu else "",
         "mem_vs_dense": "",
@@ -169,17 +186,28 @@ def run_one(size: str, label: str, args: argparse.Namespace, corpus: Corpus) -> 
                 for i in range(args.profile_steps):
                     step(i)
                 sync()
-            prof.export_chrome_trace(str(trace))
-            groups, kernels = breakdown(trace, hidden=4 * cfg.n_embd, steps=args.profile_steps)
-        row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
-        row["GPU ms"] = round(sum(groups.values()), 2)
-        top = [
-            {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}
-            for g, k, ms in kernels[: args.top]
-        ]
+            if d.main:  # rank 0's trace stands for every rank (they run the same steps)
+                prof.export_chrome_trace(str(trace))
+                groups, kernels = breakdown(trace, hidden=4 * cfg.n_embd, steps=args.profile_steps)
+                row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
+                row["GPU ms"] = round(sum(groups.values()), 2)
+                top = [
+                    {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}
+                    for g, k, ms in kernels[: args.top]
+                ]
     reports = sparse_compile.compile_reports()[n_reports:]
     row["sites"] = "dense" if label == "dense" else _sites(reports)
     return row, top, "\n".join(str(r) for r in reports if r.sites)
+
+
+def _fill_baseline(rows: list[dict], path: Path) -> None:
+    """vs_one_gpu: each row's tokens/s per GPU over the same size and configuration in ``path``."""
+    with open(path) as f:
+        one = {(r["size"], r["config"]): float(r["tokens_per_s"]) for r in csv.DictReader(f)}
+    for r in rows:
+        base = one.get((r["size"], r["config"]))
+        if base:
+            r["vs_one_gpu"] = round(r["tokens_per_s_per_gpu"] / base, 3)
 
 
 def _fill_ratios(rows: list[dict]) -> None:
@@ -197,51 +225,74 @@ def _fill_ratios(rows: list[dict]) -> None:
 def table(rows: list[dict]) -> str:
     head = ["size", "config", "tokens/s", "speedup", "step ms", "peak GiB", "vs dense", "compile s"]
     keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "peak_mem_GiB", "mem_vs_dense", "compile_s"]
+    if any(r.get("gpus", 1) > 1 for r in rows):
+        head[3:3] = ["GPUs", "per GPU", "vs one GPU"]
+        keys[3:3] = ["gpus", "tokens_per_s_per_gpu", "vs_one_gpu"]
     profiled = any("GPU ms" in r for r in rows)
     if profiled:
         head += [g.replace(" ", "\n", 1) for g in GROUPS] + ["GPU ms"]
         keys += [f"{g} ms" for g in GROUPS] + ["GPU ms"]
     body = [[r.get(k, "") for k in keys] for r in rows]
+    speedup = keys.index("speedup")
     for line in body:
         line[2] = f"{line[2]:,}"
-        line[3] = f"{line[3]:.3f}x" if line[3] != "" else ""
+        if "tokens_per_s_per_gpu" in keys:
+            line[4] = f"{line[4]:,}"
+        line[speedup] = f"{line[speedup]:.3f}x" if line[speedup] != "" else ""
     return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    d = distributed.setup(args.distributed, args.device)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     env = environment(torch.device(args.device), "python -m bench.e2e", argv)
-    corpus = Corpus.load(args.data_dir)
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        corpus = Corpus.load(args.data_dir)  # built once, before the other ranks read it
+    if d.world > 1:
+        torch.distributed.barrier()
+    if not d.main:
+        corpus = Corpus.load(args.data_dir)
     header = (
-        f"{args.batch_size} x {args.seq_len} tokens per step, bf16 autocast on CUDA, fused AdamW on CUDA, "
-        f"{args.steps} timed steps after {args.warmup}\n" + "\n".join(f"{k}: {v}" for k, v in env.items())
+        f"{args.batch_size} x {args.seq_len} tokens per step"
+        + (f" per GPU x {d.world} GPUs ({d.mode})" if d.world > 1 else "")
+        + f", bf16 autocast on CUDA, fused AdamW on CUDA, {args.steps} timed steps after {args.warmup}\n"
+        + "\n".join(f"{k}: {v}" for k, v in env.items())
     )
-    print(header, flush=True)
+    if d.main:
+        print(header, flush=True)
     rows, tops, reports = [], [], []
     for size in args.sizes:
         for label in args.configs:
-            row, top, text = run_one(size, label, args, corpus)
+            row, top, text = run_one(size, label, args, corpus, d)
             gc.collect()  # the last configuration's model and optimizer state, before the next one's
             if args.device == "cuda":
                 torch.cuda.empty_cache()
             rows.append(row)
             tops += top
             reports.append(f"{size}, {label}:\n{text}" if text else "")
-            print(
-                f"{size} {label}: {row['tokens_per_s']:,} tokens/s, step {row['step_ms']} ms, "
-                f"compile {row['compile_s']} s, {row['sites']}",
-                flush=True,
-            )
+            if d.main:
+                print(
+                    f"{size} {label}: {row['tokens_per_s']:,} tokens/s, step {row['step_ms']} ms, "
+                    f"compile {row['compile_s']} s, {row['sites']}",
+                    flush=True,
+                )
+    ok = all(math.isfinite(r["last_loss"]) for r in rows)
+    if not d.main:
+        distributed.teardown(d)
+        return 0 if ok else 1
     _fill_ratios(rows)
+    if args.baseline:
+        _fill_baseline(rows, args.baseline)
     write_csv(out / "e2e.csv", [{**r, **env} for r in rows])
     if tops:
         write_csv(out / "kernels.csv", tops)
     text = table(rows)
     (out / "summary.txt").write_text(f"{header}\n\n{text}\n\n" + "\n\n".join(r for r in reports if r) + "\n")
     print(f"\n{text}\n\nwrote {out / 'e2e.csv'}, {out / 'summary.txt'}" + (f", {out / 'kernels.csv'}" if tops else ""))
-    return 0 if all(math.isfinite(r["last_loss"]) for r in rows) else 1
+    distributed.teardown(d)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,12 @@
 
 import csv
 import math
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from bench.e2e import main as e2e_main
 from bench.step_profile import GROUPS, breakdown, classify
@@ -87,3 +93,32 @@ def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
     assert rows[1]["sites"] == "4/4 sparse: reference"  # the tiny GPT's four FFNs, CPU kernels
     assert all(float(r["tokens_per_s"]) > 0 and math.isfinite(float(r["last_loss"])) for r in rows)
     assert "sparse_compile report" in (out / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_e2e_under_torchrun_against_one_process(tmp_path, mode):
+    """torchrun --nproc-per-node 2 -m bench.e2e --distributed MODE --baseline ONE/e2e.csv: rank 0 writes
+    one row per configuration with 2 GPUs, per-GPU tokens/s and their ratio to the one-process run;
+    every FFN stays sparse (FSDP2: the one block graph every block reuses)."""
+    one = tmp_path / "one"
+    common = ["--device", "cpu", "--configs", "dense", "default", "--steps", "1", "--warmup", "1", "--batch-size", "2"]
+    assert e2e_main([*common, "--out", str(one)]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = tmp_path / mode
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port]
+    cmd = [*torchrun, "-m", "bench.e2e", "--distributed", mode, *common, "--baseline", str(one / "e2e.csv")]
+    cmd += ["--out", str(out)]
+    log = tmp_path / f"{mode}.log"
+    with open(log, "w") as f:
+        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, stdout=f, stderr=subprocess.STDOUT,
+                              timeout=600)  # fmt: skip
+    assert done.returncode == 0, log.read_text()[-3000:]
+    rows = list(csv.DictReader(open(out / "e2e.csv")))
+    assert [(r["config"], r["gpus"], r["distributed"]) for r in rows] == [("dense", "2", mode), ("default", "2", mode)]
+    for r in rows:
+        assert int(r["tokens_per_s"]) == pytest.approx(2 * int(r["tokens_per_s_per_gpu"]), abs=2)
+        assert float(r["vs_one_gpu"]) > 0
+    assert rows[1]["sites"] == ("1/1 sparse: reference" if mode == "fsdp" else "4/4 sparse: reference")
+    assert "per GPU x 2 GPUs" in (out / "summary.txt").read_text()
