@@ -4,7 +4,10 @@ Each OUT is a bench.train output folder (its log.csv) of one seed with both runs
 with --sparse-from, the sparse run of seed i comes from the i-th of those folders instead (several
 sparse configurations measured against the same dense seeds).
 Prints, per folder, the final validation loss of each run, the paired difference (sparse - dense) /
-dense, and the mean kept mass of the sparse run's sparse phase (h_kept_frac); then:
+dense, the mean kept mass of the sparse run's sparse phase (h_kept_frac), and the lead of the
+sparse model over itself with dense FFNs at the last evaluation of the sparse phase
+((val_loss - val_loss_dense) / val_loss_dense; negative: it does better sparse, see bench.train);
+then:
 - dense spread: (max - min) / mean of the dense final validation losses (the seed-to-seed noise);
 - the mean paired difference and its standard error (std / sqrt(n));
 - the mean of the sparse-phase kept mass.
@@ -31,40 +34,45 @@ class SeedRun:
     dense: float  # final validation loss
     sparse: float
     kept: float  # mean h_kept_frac over the sparse run's sparse-phase rows (nan: not logged)
+    lead: float = math.nan  # last sparse-phase (val_loss - val_loss_dense) / val_loss_dense (nan: not logged)
 
     @property
     def diff(self) -> float:
         return (self.sparse - self.dense) / self.dense
 
 
-def _final(folder: Path) -> tuple[dict[str, float], list[float]]:
-    """(run -> final validation loss, the sparse run's sparse-phase kept mass rows) of one folder."""
+def _final(folder: Path) -> tuple[dict[str, float], list[float], float]:
+    """(run -> final validation loss, the sparse run's sparse-phase kept mass rows, its last
+    sparse-phase lead over dense FFNs) of one folder."""
     path = folder / "log.csv"
     if not path.is_file():
         raise ValueError(f"{folder}: no log.csv (expected a bench.train --out folder)")
     final: dict[str, float] = {}
     kept: list[float] = []
+    lead = math.nan
     with open(path) as f:
         for r in csv.DictReader(f):
             if r["val_loss"]:
                 final[r["run"]] = float(r["val_loss"])  # rows are in step order: the last one stays
             if r["run"] == "sparse" and r["phase"] == "sparse" and r.get("h_kept_frac") not in (None, "", "nan"):
                 kept.append(float(r["h_kept_frac"]))
-    return final, kept
+            if r["run"] == "sparse" and r.get("val_loss_dense"):
+                lead = (float(r["val_loss"]) - float(r["val_loss_dense"])) / float(r["val_loss_dense"])
+    return final, kept, lead
 
 
 def load(folder: Path, sparse_from: Path | None = None) -> SeedRun:
     """The final validation losses and sparse-phase kept mass of one seed: the dense run from
     ``folder``, the sparse run from ``sparse_from`` (default: the same folder)."""
-    final, kept = _final(folder)
+    final, kept, lead = _final(folder)
     if sparse_from is not None:
-        final["sparse"] = _final(sparse_from)[0].get("sparse", math.nan)
-        kept = _final(sparse_from)[1]
+        other, kept, lead = _final(sparse_from)
+        final["sparse"] = other.get("sparse", math.nan)
     for run, where in (("dense", folder), ("sparse", sparse_from or folder)):
         if math.isnan(final.get(run, math.nan)):
             raise ValueError(f"{where / 'log.csv'}: no validation loss for the {run} run")
     name = folder.name if sparse_from is None else f"{folder.name} / {sparse_from.name}"
-    return SeedRun(name, final["dense"], final["sparse"], statistics.fmean(kept) if kept else math.nan)
+    return SeedRun(name, final["dense"], final["sparse"], statistics.fmean(kept) if kept else math.nan, lead)
 
 
 def summarize(runs: list[SeedRun]) -> dict[str, float]:
@@ -75,6 +83,7 @@ def summarize(runs: list[SeedRun]) -> dict[str, float]:
     dense = [r.dense for r in runs]
     diffs = [r.diff for r in runs]
     kept = [r.kept for r in runs if not math.isnan(r.kept)]
+    leads = [r.lead for r in runs if not math.isnan(r.lead)]
     return {
         "seeds": len(runs),
         "dense_mean": statistics.fmean(dense),
@@ -83,19 +92,33 @@ def summarize(runs: list[SeedRun]) -> dict[str, float]:
         "diff_mean": statistics.fmean(diffs),
         "diff_se": statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan,
         "kept_mean": statistics.fmean(kept) if kept else math.nan,
+        "lead_mean": statistics.fmean(leads) if leads else math.nan,
     }
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.2%}"
 
 
 def table(runs: list[SeedRun]) -> str:
     s = summarize(runs)
-    rows = [[r.name, f"{r.dense:.4f}", f"{r.sparse:.4f}", f"{r.diff:+.2%}", f"{r.kept:.3f}"] for r in runs]
+    rows = [
+        [r.name, f"{r.dense:.4f}", f"{r.sparse:.4f}", f"{r.diff:+.2%}", f"{r.kept:.3f}", _pct(r.lead)] for r in runs
+    ]
     rows.append(
         [f"mean of {s['seeds']}", f"{s['dense_mean']:.4f}", f"{s['sparse_mean']:.4f}",
-         f"{s['diff_mean']:+.2%} ± {s['diff_se']:.2%}", f"{s['kept_mean']:.3f}"]
+         f"{s['diff_mean']:+.2%} ± {s['diff_se']:.2%}", f"{s['kept_mean']:.3f}", _pct(s["lead_mean"])]
     )  # fmt: skip
     text = tabulate(
         rows,
-        headers=["seed", "dense val", "sparse val", "sparse vs dense (± s.e.)", "kept mass, sparse phase"],
+        headers=[
+            "seed",
+            "dense val",
+            "sparse val",
+            "sparse vs dense (± s.e.)",
+            "kept mass, sparse phase",
+            "sparse-phase lead over dense FFNs",
+        ],  # fmt: skip
         tablefmt="github",
         disable_numparse=True,
     )
@@ -119,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(runs))
     if args.csv:
         s = summarize(runs)
-        rows = [{"seed": r.name, "dense": r.dense, "sparse": r.sparse, "diff": r.diff, "kept": r.kept} for r in runs]
-        rows.append({"seed": "summary", **{k: s[k] for k in ("dense_mean", "sparse_mean", "diff_mean", "kept_mean")},
-                     "diff_se": s["diff_se"], "dense_spread": s["dense_spread"]})  # fmt: skip
-        write_csv(args.csv, rows, ["seed", "dense", "sparse", "diff", "kept", "dense_mean", "sparse_mean",
-                                   "diff_mean", "diff_se", "kept_mean", "dense_spread"])  # fmt: skip
+        rows = [{"seed": r.name, "dense": r.dense, "sparse": r.sparse, "diff": r.diff, "kept": r.kept, "lead": r.lead}
+                for r in runs]  # fmt: skip
+        keys = ("dense_mean", "sparse_mean", "diff_mean", "diff_se", "kept_mean", "lead_mean", "dense_spread")
+        rows.append({"seed": "summary", **{k: s[k] for k in keys}})
+        write_csv(args.csv, rows, ["seed", "dense", "sparse", "diff", "kept", "lead", "dense_mean", "sparse_mean",
+                                   "diff_mean", "diff_se", "kept_mean", "lead_mean", "dense_spread"])  # fmt: skip
     return 0
 
 

@@ -257,17 +257,20 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path):
         _log(tmp_path / name, [
             {"run": "dense", "step": 1, "phase": "dense", "val_loss": 9.0},
             {"run": "dense", "step": 2, "phase": "dense", "val_loss": dense},
-            {"run": "sparse", "step": 1, "phase": "sparse", "val_loss": 9.0, "h_kept_frac": kept[0]},
+            {"run": "sparse", "step": 1, "phase": "sparse", "val_loss": 9.0, "val_loss_dense": 10.0,
+             "h_kept_frac": kept[0]},
             {"run": "sparse", "step": 2, "phase": "dense", "val_loss": sparse, "h_kept_frac": 0.99},
             {"run": "sparse", "step": 3, "phase": "sparse", "val_loss": "", "h_kept_frac": kept[1]},
         ])  # fmt: skip
     runs = [load(tmp_path / "s0"), load(tmp_path / "s1")]
     assert [r.diff for r in runs] == pytest.approx([0.02, -0.01 / 1.01])
     assert [r.kept for r in runs] == pytest.approx([0.7, 0.7])  # sparse-phase rows only
+    assert [r.lead for r in runs] == pytest.approx([-0.1, -0.1])  # (9 - 10) / 10 at the last sparse eval
     s = summarize(runs)
     assert s["dense_spread"] == pytest.approx(0.01 / 1.005)
     assert s["diff_mean"] == pytest.approx((0.02 - 0.01 / 1.01) / 2)
     assert s["diff_se"] == pytest.approx(abs(0.02 + 0.01 / 1.01) / 2)  # stdev of 2 / sqrt(2)
+    assert s["lead_mean"] == pytest.approx(-0.1)
     swapped = load(tmp_path / "s0", sparse_from=tmp_path / "s1")
     assert (swapped.dense, swapped.sparse) == (1.00, 1.00)
     _log(tmp_path / "dense_only", [{"run": "dense", "step": 1, "phase": "dense", "val_loss": 1.0}])
