@@ -8,7 +8,8 @@ progress after its last completed step:
   2:4 weight masks and activation patterns are recomputed from the weights at every step) and the
   optimizer's;
 - the step, the batch sampler's generator state (the data position) and the global RNG states;
-- the loss / time accumulators since the last logged row and the health probe's last weight masks.
+- the loss / time accumulators since the last logged row and the health probe's last weight masks;
+- the backend's hidden-unit permutations (sparse_compile.unit_permutations(), with --recluster-every).
 The learning-rate schedule and the phase schedule are functions of the step, so they need nothing.
 """
 
@@ -34,6 +35,7 @@ class RunState:
     result: dict  # RunResult fields
     interval: dict  # losses, time and tokens since the last logged row
     health: list | None  # the probe's last weight masks (flip rate), or None before the first probe
+    units: dict | None = None  # sparse_compile.unit_permutations() (hidden-unit permutations by site)
 
 
 @dataclass

@@ -105,6 +105,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="packages: the standard library's, torch's and sympy's sources (~70-100 MB); stdlib: the standard "
         "library's alone (~10 MB)",
     )
+    p.add_argument(
+        "--recluster-every",
+        type=int,
+        default=0,
+        help='with {"permute": true} in --sparsity: refit the hidden-unit permutations on the current batch '
+        "every N steps of the sparse phase (sparse_compile.recluster; 0: never)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--save-every", type=int, default=0, help="write OUT/checkpoint.pt every N steps (0: never)")
     p.add_argument(
@@ -172,6 +179,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.config = BackendOptions.parse(options).config
     except ValueError as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
+    if args.recluster_every < 0 or (args.recluster_every and not args.config.permute):
+        p.error(f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true in --sparsity')
     if args.compile_mode != "default":
         options["mode"] = args.compile_mode
     args.options = options
@@ -231,6 +240,10 @@ class Health:
             flat = [h.reshape(-1, h.shape[-1]).float() for h in hs]
             v, _, m = self.pattern
             fits = seq is None or seq % v == 0
+            perms = sparse_compile.unit_permutations()  # by site module path, 'blocks.i.mlp'
+            flat = [
+                f if (p := perms.get(f"blocks.{i}.mlp")) is None else f[:, p.to(f.device)] for i, f in enumerate(flat)
+            ]
             if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
                 kept = sum((f * vnm_mask(f, *self.pattern, self.chunk, seq)).sum().item() for f in flat) / sum(
                     f.sum().item() for f in flat
@@ -263,7 +276,7 @@ VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and
 CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
     "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed", "compile_mode",
-    "device", "corpus",
+    "device", "corpus", "recluster_every",
 )  # fmt: skip
 
 
@@ -311,8 +324,10 @@ def train_one(
     losses: list[float] = []
     interval_time, interval_tokens = 0.0, 0
     start = 0
+    sparse_compile.reset_units()  # every run starts with its sites' hidden units in their own order
     state = ckpt.current if ckpt is not None else None
     if state is not None and state.name == name:
+        sparse_compile.load_unit_permutations(state.units or {})
         model.load_state_dict(state.model)
         opt.load_state_dict(state.optimizer)
         batches.generator.set_state(state.batches)
@@ -330,6 +345,7 @@ def train_one(
         ckpt.current = checkpoint.RunState(
             name, step, model.state_dict(), opt.state_dict(), batches.generator.get_state(),
             checkpoint.rng_state(), dataclasses.asdict(result), interval, health.previous,
+            sparse_compile.unit_permutations(),
         )  # fmt: skip
         checkpoint.save(Path(args.out), ckpt)
 
@@ -349,6 +365,11 @@ def train_one(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        since = step - schedule.dense_warmup_steps
+        if phase == "sparse" and args.recluster_every and since % args.recluster_every == 0:
+            with sparse_compile.probe_units(), torch.no_grad(), autocast():  # timed: part of the recipe's cost
+                compiled(x, y)
+            sparse_compile.recluster()
         sync()
         dt = time.perf_counter() - t0
         if step not in first_steps:

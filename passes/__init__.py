@@ -114,9 +114,12 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[Site
             approx = f"dW1, dW2: token-dim approximation {config.weight_grad} (slower than exact)"
         note = "; ".join(n for n in (site_note(match, config), plan.why, plan.f1_why, plan.gemm_why, approx) if n)
         records.append(dataclasses.replace(_describe(match.first, match.second, True, note), kernel=plan.kernel))
-        replaced[match.second] = rewrite_site(
-            match, config, sparse_weights, plan.op, plan.spec_suffix, plan.linear_algs
-        )
+        suffix = plan.spec_suffix
+        if config.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm"):  # the site's unit permutation
+            suffix += f";units={module_of(match.first, match.second)}"
+            note = "; ".join(n for n in (note, "hidden units permuted (sparse_compile.recluster)") if n)
+            records[-1] = dataclasses.replace(records[-1], reason=note)
+        replaced[match.second] = rewrite_site(match, config, sparse_weights, plan.op, suffix, plan.linear_algs)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
     n_sparse = sum(r.sparse for r in records)
     if n_sparse:

@@ -68,6 +68,11 @@ class SparsityConfig:
         depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
         dim (a 2-D x is one sequence); its length must be a multiple of V at the site. False
         (default): a block's columns come from all of its V tokens, later ones included.
+    permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
+        backend per site (identity at first; sparse_compile.recluster() refits it from the
+        activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
+        a block's kept groups and chunks cover more of H. The dense function, the parameters and
+        the state dict are unchanged.
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -82,6 +87,7 @@ class SparsityConfig:
     kernels: str = "auto"
     chunk: int = 1
     causal: bool = False
+    permute: bool = False
     min_hidden: int = 0
     masked_decay: float = 0.0
 
@@ -112,6 +118,12 @@ class SparsityConfig:
             raise ValueError(
                 f"SparsityConfig.causal=True with chunk={self.chunk}: causal chunked patterns are not built; "
                 "use chunk=1"
+            )
+        if not isinstance(self.permute, bool):
+            raise ValueError(f"SparsityConfig.permute={self.permute!r}: expected True or False")
+        if self.permute and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):
+            raise ValueError(
+                f"SparsityConfig.permute=True needs V:N:M activations with V > 1; got activations={self.activations!r}"
             )
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")

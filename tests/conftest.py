@@ -17,5 +17,6 @@ def _fresh_state():
     sparse_compile.backend._reports.clear()
     torch._dynamo.utils.counters.clear()
     sparse_compile.set_phase("sparse")
+    sparse_compile.reset_units()
     yield
     sparse_compile.set_phase("sparse")

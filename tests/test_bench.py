@@ -173,11 +173,31 @@ def test_resumed_runs_equal_the_uninterrupted_run(tmp_path):
         torch.set_num_threads(threads)
 
 
-def _resume_cases(tmp_path, main):
+def test_resume_keeps_the_hidden_unit_permutations(tmp_path):
+    """The same with {"permute": true} and --recluster-every 2: the permutations fitted before the stop
+    are in the checkpoint and the resumed run goes on with them, equal to the uninterrupted run."""
+    from bench.train import main as train_main
+
+    def main(argv):
+        torch._dynamo.reset()
+        return train_main(argv)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        extra = ["--sparsity", '{"activations": "64:2:8", "permute": true}', "--recluster-every", "2"]
+        state = _resume_cases(tmp_path, main, extra)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(state.current.units) == [f"blocks.{i}.mlp" for i in range(4)]
+    assert not all(torch.equal(p, torch.arange(512)) for p in state.current.units.values())
+
+
+def _resume_cases(tmp_path, main, extra=()):
     from bench import checkpoint
 
     common = ["--steps", "8", "--batch-size", "2", "--seq-len", "64", "--log-every", "2", "--eval-every", "4"]
-    common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data")]
+    common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), *extra]
     assert main([*common, "--out", str(tmp_path / "whole")]) == 0
     split = tmp_path / "split"
     assert main([*common, "--out", str(split), "--stop-at", "5"]) == 0
@@ -188,11 +208,13 @@ def _resume_cases(tmp_path, main):
     assert main([*common, "--resume", str(split), "--stop-at", "5"]) == 0
     state = torch.load(split / checkpoint.FILE, weights_only=False)
     assert list(state.finished) == ["dense"] and (state.current.name, state.current.step) == ("sparse", 5)
+    stopped = state
     assert main([*common, "--resume", str(split)]) == 0
     keys = ["run", "step", "phase", "loss", "val_loss", "h_zero_frac", "h_kept_frac", "weight_flip_rate"]
     whole = [[r[k] for k in keys] for r in csv.DictReader(open(tmp_path / "whole" / "log.csv"))]
     resumed = [[r[k] for k in keys] for r in csv.DictReader(open(split / "log.csv"))]
     assert len(whole) == 8 and resumed == whole
+    return stopped
 
 
 def test_resume_refuses_other_arguments(tmp_path):

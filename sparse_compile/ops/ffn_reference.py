@@ -12,6 +12,7 @@ import math
 import torch
 
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+from sparse_compile.ops import units
 from sparse_compile.ops.spec import (
     activation_pattern_for,
     causal_seq,
@@ -37,6 +38,9 @@ def sqrelu_ffn(
     op = parse_spec(spec)
     pattern = activation_pattern_for(op, x2.shape[0])
     seq = causal_seq(op, x) if pattern is not None else None
+    if op.units is not None and pattern is not None:
+        units.record(op.units, op.activations, op.chunk, x2, w1, b1)
+        w1, b1, w2 = units.permute(w1, b1, w2, units.site_perm(op.units, op.activations, op.chunk, x.device))
     y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
@@ -53,9 +57,13 @@ def sqrelu_ffn_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dy2 = dy.reshape(-1, dy.shape[-1])
     op = parse_spec(spec)
+    dense_h = activation_pattern_for(op, dy2.shape[0]) is None
+    perm = None if op.units is None or dense_h else units.site_perm(op.units, op.activations, op.chunk, x.device)
+    w1, _, w2 = units.permute(w1, None, w2, perm)
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
         dy2, x.reshape(-1, x.shape[-1]), w1, w2, r_masked, op.weight_grad, op.dense_frac
     )
+    dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

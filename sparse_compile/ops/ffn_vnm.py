@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from sparse_compile.ops import units
 from sparse_compile.ops.spec import causal_seq, check_inputs, ffn_autograd, ffn_setup, grads_like, parse_spec
 
 
@@ -35,6 +36,9 @@ def sqrelu_ffn_vnm(
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
+    if op.units is not None:
+        units.record(op.units, (v, n, m), op.chunk, x2, w1, b1)
+        w1, b1, w2 = units.permute(w1, b1, w2, units.site_perm(op.units, (v, n, m), op.chunk, x.device))
     y, r_c, ids = sqrelu_ffn_forward_gather(
         x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x)
     )
@@ -66,12 +70,15 @@ def sqrelu_ffn_vnm_backward(
     from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather
 
     x2 = x.reshape(-1, x.shape[-1])
-    v, _, m = _vnm_of(spec, x2.shape[0])
+    v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
+    perm = None if op.units is None else units.site_perm(op.units, (v, n, m), op.chunk, x.device)
+    w1, _, w2 = units.permute(w1, None, w2, perm)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
         dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
     )
+    dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

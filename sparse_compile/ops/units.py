@@ -1,0 +1,130 @@
+"""Hidden-unit permutations of the FFN sites (SparsityConfig.permute): which units form a group.
+
+A site compiled with ``permute`` runs its V:N:M op on W1[p], b1[p], W2[:, p] for the site's
+permutation p (identity until the first re-clustering): the pattern's groups and chunks are then
+runs of p, not of adjacent units. The dense function is unchanged, and the model's parameters and
+state dict are untouched: p lives here, keyed by the site's module path (the report's "module";
+graphs that share a module share its permutation), and the op's backward puts the gradients
+back in the units' own order.
+
+Re-clustering: inside ``with probe_units():`` every permuted site's forward also records the block
+mass profiles of its H = relu(X W1^T + b1)^2 (in the units' own order; one extra F1 GEMM per site
+and call); ``recluster()`` then fits each site's permutation on what was recorded
+(sparse_compile.clustering.cluster_units) and clears the record. ``unit_permutations()`` and
+``load_unit_permutations()`` carry the state through a checkpoint.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from sparse_compile.clustering import block_mass, cluster_units
+
+
+@dataclass
+class _Site:
+    pattern: tuple[int, int, int]
+    chunk: int
+    perm: torch.Tensor | None = None  # int64 [h]; None: identity
+    profiles: list[torch.Tensor] = field(default_factory=list)  # [h, blocks] float32, on the CPU
+
+
+_sites: dict[str, _Site] = {}
+_probing = False
+
+
+def _site(name: str, pattern: tuple[int, int, int], chunk: int) -> _Site:
+    site = _sites.get(name)
+    if site is None:
+        site = _sites[name] = _Site(pattern, chunk)
+    site.pattern, site.chunk = pattern, chunk  # a loaded permutation learns its site's pattern here
+    return site
+
+
+def site_perm(name: str, pattern: tuple[int, int, int], chunk: int, device: torch.device) -> torch.Tensor | None:
+    """The permutation the op at site ``name`` runs with, on ``device`` (None: identity)."""
+    site = _site(name, pattern, chunk)
+    if site.perm is not None and site.perm.device != device:
+        site.perm = site.perm.to(device)
+    return site.perm
+
+
+def permute(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, perm: torch.Tensor | None):
+    """(W1[p], b1[p], W2[:, p]); checks that p fits the hidden size."""
+    if perm is None:
+        return w1, b1, w2
+    if perm.numel() != w1.shape[0]:
+        raise ValueError(f"hidden-unit permutation of {perm.numel()} units for a site with hidden={w1.shape[0]}")
+    return w1[perm], None if b1 is None else b1[perm], w2[:, perm]
+
+
+def unpermute(dw1: torch.Tensor, db1: torch.Tensor, dw2: torch.Tensor, perm: torch.Tensor | None):
+    """Gradients of W1[p], b1[p], W2[:, p] -> of W1, b1, W2 (row p[i] of dW1 is row i of dW1[p])."""
+    if perm is None:
+        return dw1, db1, dw2
+    return (
+        torch.empty_like(dw1).index_copy_(0, perm, dw1),
+        torch.empty_like(db1).index_copy_(0, perm, db1),
+        torch.empty_like(dw2).index_copy_(1, perm, dw2),
+    )
+
+
+def record(name: str, pattern: tuple[int, int, int], chunk: int, x2, w1, b1) -> None:
+    """While probing: add the block-mass profiles of this call's H (units in their own order)."""
+    if not _probing:
+        return
+    with torch.no_grad():
+        h = torch.relu(F.linear(x2, w1, b1)).square()
+        _site(name, pattern, chunk).profiles.append(block_mass(h, pattern[0]).cpu())
+
+
+@contextlib.contextmanager
+def probe_units() -> Iterator[None]:
+    """Record activation profiles at every permuted site's forward inside the block (for recluster)."""
+    global _probing
+    previous, _probing = _probing, True
+    try:
+        yield
+    finally:
+        _probing = previous
+
+
+def recluster() -> list[str]:
+    """Fit the permutation of every site with recorded profiles; clear the records. Returns the sites."""
+    done = []
+    for name, site in _sites.items():
+        if not site.profiles:
+            continue
+        profiles = torch.cat(site.profiles, dim=1)
+        _, _, m = site.pattern
+        perm = cluster_units(profiles, m, site.chunk)
+        device = site.perm.device if site.perm is not None else "cpu"
+        site.perm = perm.to(device)
+        site.profiles.clear()
+        done.append(name)
+    return done
+
+
+def unit_permutations() -> dict[str, torch.Tensor]:
+    """Site module path -> its permutation (CPU int64), for the sites that have left the identity."""
+    return {name: s.perm.cpu() for name, s in _sites.items() if s.perm is not None}
+
+
+def load_unit_permutations(perms: dict[str, torch.Tensor]) -> None:
+    """Set permutations by site module path (from unit_permutations(); sites not yet compiled too)."""
+    for name, perm in perms.items():
+        perm = torch.as_tensor(perm, dtype=torch.long)
+        if perm.dim() != 1 or not torch.equal(torch.sort(perm).values, torch.arange(perm.numel())):
+            raise ValueError(f"load_unit_permutations: {name!r} is not a permutation of 0..n-1: {perm}")
+        site = _sites.get(name)
+        if site is None:
+            site = _sites[name] = _Site((0, 0, 0), 1)  # pattern filled in by the op's first call
+        site.perm = perm
+
+
+def reset_units() -> None:
+    """Forget every site's permutation and record (back to the identity)."""
+    _sites.clear()
