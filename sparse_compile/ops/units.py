@@ -5,7 +5,10 @@ permutation p (identity until the first re-clustering): the pattern's groups and
 runs of p, not of adjacent units. The dense function is unchanged, and the model's parameters and
 state dict are untouched: p lives here, keyed by the site's module path (the report's "module";
 graphs that share a module share its permutation), and the op's backward puts the gradients
-back in the units' own order.
+back in the units' own order. Where one compiled graph serves several modules (FSDP2 with each
+block compiled in place: every block's site is "mlp"), those modules share one permutation,
+fitted on all of their profiles together. Call recluster() between steps, never between a
+forward and its backward (the backward looks the permutation up again).
 
 Re-clustering: inside ``with probe_units():`` every permuted site's forward also records the block
 mass profiles of its H = relu(X W1^T + b1)^2 (in the units' own order; one extra F1 GEMM per site
