@@ -17,6 +17,7 @@ levels:
 as W1[perm], b1[perm], W2[:, perm] it leaves the dense function unchanged.
 """
 
+import numpy as np
 import torch
 
 
@@ -91,13 +92,15 @@ def group_chunks(profiles: torch.Tensor, m: int) -> torch.Tensor:
     if m < 1 or kk % m:
         raise ValueError(f"group_chunks: K={kk} chunks cannot form groups of M={m}")
     g = kk // m
-    y = _normalized(profiles.float())
-    total = torch.zeros(g, y.shape[1], dtype=y.dtype, device=y.device)
-    members = [[] for _ in range(g)]
-    full = torch.zeros(g, dtype=torch.bool, device=y.device)
+    # A sequential greedy pass of K steps on small vectors: in NumPy, a step costs ~10 us instead
+    # of ~50 us of torch op overhead (0.65 -> ~0.1 s per site at K = 12288 on the CPU).
+    y = _normalized(profiles.float()).cpu().numpy()
+    total = np.zeros((g, y.shape[1]), dtype=y.dtype)
+    members: list[list[int]] = [[] for _ in range(g)]
+    full = np.zeros(g, dtype=bool)
     for chunk in torch.argsort(profiles.float().sum(1), descending=True, stable=True).tolist():
-        cost = (total @ y[chunk]).masked_fill(full, float("inf"))
-        best = int(cost.argmin())
+        cost = np.where(full, np.inf, total @ y[chunk])
+        best = int(cost.argmin())  # the first minimum: ties go to the lower group
         members[best].append(chunk)
         total[best] += y[chunk]
         full[best] = len(members[best]) == m
