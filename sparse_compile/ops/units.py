@@ -8,7 +8,8 @@ graphs that share a module share its permutation), and the op's backward puts th
 back in the units' own order. Where one compiled graph serves several modules (FSDP2 with each
 block compiled in place: every block's site is "mlp"), those modules share one permutation,
 fitted on all of their profiles together. Call recluster() between steps, never between a
-forward and its backward (the backward looks the permutation up again).
+forward and its backward (the backward looks the permutation up again). A site's permutation
+is updated in place, so a captured CUDA graph (mode="reduce-overhead") reads the new one.
 
 Re-clustering: inside ``with probe_units():`` every permuted site's forward also records the block
 mass profiles of its H = relu(X W1^T + b1)^2 (in the units' own order; one extra F1 GEMM per site
@@ -95,6 +96,15 @@ def probe_units() -> Iterator[None]:
         _probing = previous
 
 
+def _set(site: _Site, perm: torch.Tensor) -> None:
+    """Store ``perm`` in place where the site has one of its size (its address stays the same, so a
+    captured CUDA graph reads the new values), else as a new tensor."""
+    if site.perm is not None and site.perm.shape == perm.shape:
+        site.perm.copy_(perm)
+    else:
+        site.perm = perm.clone()
+
+
 def recluster() -> list[str]:
     """Fit the permutation of every site with recorded profiles; clear the records. Returns the sites."""
     done = []
@@ -103,9 +113,7 @@ def recluster() -> list[str]:
             continue
         profiles = torch.cat(site.profiles, dim=1)
         _, _, m = site.pattern
-        perm = cluster_units(profiles, m, site.chunk)
-        device = site.perm.device if site.perm is not None else "cpu"
-        site.perm = perm.to(device)
+        _set(site, cluster_units(profiles, m, site.chunk))
         site.profiles.clear()
         done.append(name)
     return done
@@ -113,7 +121,7 @@ def recluster() -> list[str]:
 
 def unit_permutations() -> dict[str, torch.Tensor]:
     """Site module path -> its permutation (CPU int64), for the sites that have left the identity."""
-    return {name: s.perm.cpu() for name, s in _sites.items() if s.perm is not None}
+    return {name: s.perm.detach().cpu().clone() for name, s in _sites.items() if s.perm is not None}
 
 
 def load_unit_permutations(perms: dict[str, torch.Tensor]) -> None:
@@ -125,7 +133,7 @@ def load_unit_permutations(perms: dict[str, torch.Tensor]) -> None:
         site = _sites.get(name)
         if site is None:
             site = _sites[name] = _Site((0, 0, 0), 1)  # pattern filled in by the op's first call
-        site.perm = perm
+        _set(site, perm)
 
 
 def reset_units() -> None:
