@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
-from bench.model import GPT, SIZES
+from bench.model import GPT, SIZES, train_step
 from sparse_compile.clustering import block_mass, cluster_units
 from sparse_compile.kernels.activation_mask import vnm_mask
 
@@ -121,13 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 warm = max(1, fit_at[-1] // 20)
                 frac = min(1.0, (step + 1) / warm)
                 g["lr"] = args.lr * frac * (0.55 + 0.45 * math.cos(math.pi * step / fit_at[-1]))
-            x, y = train.next(device)
-            with autocast():
-                _, loss = compiled(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = train_step(compiled, model, opt, *train.next(device), autocast)
         done = step = target
         fit = hidden(model, [train.next(device) for _ in range(args.fit_batches)], autocast)
         held = hidden(model, val_batches, autocast)

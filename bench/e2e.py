@@ -40,7 +40,7 @@ import sparse_compile
 from bench import distributed
 from bench.data import Batches, Corpus
 from bench.env import environment, write_csv
-from bench.model import GPT, SIZES
+from bench.model import GPT, SIZES, train_step
 from bench.step_profile import GROUPS, breakdown
 from sparse_compile.config import BackendOptions, options_from_text
 
@@ -140,14 +140,7 @@ def run_one(
             torch.cuda.synchronize()
 
     def step(i: int) -> torch.Tensor:
-        x, y = data[i % DATA_BATCHES]
-        with autocast():
-            _, loss = compiled(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(compiled, model, opt, *data[i % DATA_BATCHES], autocast)
 
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)

@@ -124,6 +124,18 @@ class GPT(nn.Module):
         return logits, loss
 
 
+def train_step(compiled, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast):
+    """One step of the benchmarks' recipe: loss of ``compiled(x, y)`` under ``autocast()``, backward,
+    gradient norm clipped to 1.0, ``opt`` step, gradients set to None. Returns the loss."""
+    with autocast():
+        _, loss = compiled(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def tiny() -> GPT:
     """The CPU-sized model (factory for ``sparse-compile explain bench.model:tiny``)."""
     return GPT(SIZES["tiny"])

@@ -27,7 +27,7 @@ import sparse_compile
 from bench import checkpoint, distributed
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
-from bench.model import GPT, SIZES
+from bench.model import GPT, SIZES, train_step
 from sparse_compile.config import BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
 
@@ -359,12 +359,7 @@ def train_one(
         x, y = batches.next(device)
         sync()
         t0 = time.perf_counter()
-        with autocast():
-            _, loss = compiled(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(compiled, model, opt, x, y, autocast)
         since = step - schedule.dense_warmup_steps
         if phase == "sparse" and args.recluster_every and since % args.recluster_every == 0:
             with sparse_compile.probe_units(), torch.no_grad(), autocast():  # timed: part of the recipe's cost
