@@ -441,8 +441,9 @@ def summary_table(results: dict[str, RunResult]) -> str:
         if both:  # the last evaluation of the sparse phase, the same weights run both ways
             r = both[-1]
             gap = (r["val_loss"] - r["val_loss_dense"]) / r["val_loss_dense"]
-            rows.append([f"sparse run at step {r['step']}: val loss sparse / dense FFNs", "",
-                         f"{r['val_loss']:.4f} / {r['val_loss_dense']:.4f} ({100 * gap:+.2f}%)"])  # fmt: skip
+            value = f"{r['val_loss']:.4f} / {r['val_loss_dense']:.4f} ({100 * gap:+.2f}%)"
+            label = f"sparse run at step {r['step']}: val loss sparse / dense FFNs"
+            rows.append([label, *[""] * (len(names) - 1), value])
     return tabulate(rows, headers=["", *names], tablefmt="github", disable_numparse=True)
 
 

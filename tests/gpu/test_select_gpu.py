@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 T = 16384
 # the one-read defaults, other N on the same tiles, and two patterns left to the two-read kernel
-PATTERNS = [(128, 2, 8), (128, 4, 8), (128, 2, 16), (64, 2, 8), (128, 1, 16), (32, 2, 8), (128, 2, 12)]
+PATTERNS = [(128, 2, 8), (128, 4, 8), (128, 2, 16), (128, 4, 16), (64, 2, 8), (128, 1, 16), (32, 2, 8), (128, 2, 12)]
 
 
 def _randn(shape, dtype, seed, scale=1.0):
@@ -78,7 +78,7 @@ def test_weight_mask_bit_exact(shape, dtype):
     assert torch.equal(mask, want) and torch.equal(got, w * want)
 
 
-@pytest.mark.parametrize("v, n, m", [(64, 2, 8), (128, 2, 16), (128, 2, 8)], ids=lambda p: str(p))
+@pytest.mark.parametrize("v, n, m", [(64, 2, 8), (128, 2, 16), (128, 4, 16), (128, 2, 8)], ids=lambda p: str(p))
 @pytest.mark.parametrize("seq", [1024, 2048])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_causal_selection_bit_exact(v, n, m, seq, dtype):
