@@ -1,8 +1,9 @@
 """python -m bench.select_kernel: the fused V:N:M selection kernel on a GPU, exact and timed.
 
 For each (T, h, pattern): checks vnm_select_compact == vnm_compact_ref bit for bit (bf16), then
-times both (triton.testing.do_bench medians). Bytes counted: read Z (T*h*2) + write h_c and r_c
-(2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). Then the same for the compressed 2:4 kernel
+times both (triton.testing.do_bench medians); with --seq S also the causal pattern of every V > 1
+(sequences of S tokens: the two-read kernel scoring the previous block). Bytes counted: read Z
+(T*h*2) + write h_c and r_c (2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). Then the same for the compressed 2:4 kernel
 (activation_24 vs activation_24_ref): read Z, write values (T*h/2*2) + uint8 metadata (T*h/4), plus
 the masked dense H~ (T*h*2) in the "+ masked" rows. Then the 2:4 activation path's fused cuSPARSELt
 kernels (kernels/act24_cslt_triton.py), checked bit for bit against their references and h_buf
@@ -15,6 +16,7 @@ the same GPU.
 
 import argparse
 import functools
+import math
 import sys
 
 import torch
@@ -33,7 +35,7 @@ from sparse_compile.kernels.activation_24_triton import activation_24, activatio
 from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 
-PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16)]
+PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16), (128, 4, 16)]
 
 
 def id_mismatches(z, b, v: int, m: int, got_ids: torch.Tensor, want_ids: torch.Tensor) -> tuple[int, float]:
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--hidden", default="8192,16384", help="comma-separated hidden sizes")
     p.add_argument("--csv", help="write the rows here")
+    p.add_argument("--seq", type=int, help="also the causal patterns over sequences of this many tokens")
     p.add_argument("--sweep", action="store_true", help="also time tilings (block_g, rows, num_warps) at the largest h")
     args = p.parse_args(argv)
     env, ceiling = start_gpu_bench(p, "python -m bench.select_kernel", argv)
@@ -134,24 +137,32 @@ def main(argv: list[str] | None = None) -> int:
     for h in (int(s) for s in args.hidden.split(",")):
         z = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(h, device="cuda", dtype=torch.bfloat16) * 0.1
-        for v, n, m in PATTERNS:
-            got = vnm_select_compact(z, b, v, n, m)
-            want = vnm_compact_ref(z, b, v, n, m)
+        cases = [(v, n, m, None) for v, n, m in PATTERNS]
+        cases += [(v, n, m, args.seq) for v, n, m in PATTERNS if args.seq and v > 1]
+        for v, n, m, seq in cases:
+            got = vnm_select_compact(z, b, v, n, m, seq=seq)
+            want = vnm_compact_ref(z, b, v, n, m, seq=seq)
             exact = all(torch.equal(a, r) for a, r in zip(got, want, strict=True))
-            again = vnm_select_compact(z, b, v, n, m)
+            again = vnm_select_compact(z, b, v, n, m, seq=seq)
             repeatable = all(torch.equal(a, r) for a, r in zip(got, again, strict=True))
             differ = [k for k, a, r in zip(("h_c", "r_c", "ids"), got, want, strict=True) if not torch.equal(a, r)]
-            blocks, gap = id_mismatches(z, b, v, m, got[2], want[2])
-            call = (z, b, v, n, m)
-            ms = triton.testing.do_bench(lambda c=call: vnm_select_compact(*c), return_mode="median")
-            ms_ref = triton.testing.do_bench(lambda c=call: vnm_compact_ref(*c), return_mode="median")
+            if seq is None:
+                blocks, gap = id_mismatches(z, b, v, m, got[2], want[2])
+            else:  # the norm-gap excuse is for the plain pattern's summation order only
+                blocks, gap = int((got[2] != want[2]).any(-1).sum()), (math.inf if differ else 0.0)
+            ms = triton.testing.do_bench(
+                functools.partial(vnm_select_compact, z, b, v, n, m, seq=seq), return_mode="median"
+            )
+            ms_ref = triton.testing.do_bench(
+                functools.partial(vnm_compact_ref, z, b, v, n, m, seq=seq), return_mode="median"
+            )
             nbytes = t * h * 2 + 2 * t * h * 4 // m * 2 + (t // v) * h * 4 // m * 4
             gbps = nbytes / ms / 1e6
             rows.append(
                 {
                     "T": t,
                     "h": h,
-                    "pattern": f"{v}:{n}:{m}",
+                    "pattern": f"{v}:{n}:{m}" + (f" causal, seq {seq}" if seq else ""),
                     "exact": exact,
                     "differ": "+".join(differ),
                     "repeatable": repeatable,

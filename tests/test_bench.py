@@ -299,3 +299,16 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path):
     assert main([str(tmp_path / "dense_only")]) == 2
     assert main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--csv", str(tmp_path / "seeds.csv")]) == 0
     assert "summary" in (tmp_path / "seeds.csv").read_text()
+
+
+@pytest.mark.parametrize("names", [("sparse",), ("dense", "sparse")])
+def test_summary_lead_row_in_the_sparse_column(names):
+    """The sparse-vs-dense-FFN row sits under the sparse run whether or not a dense run is there."""
+    from bench.train import RunResult, summary_table
+
+    results = {n: RunResult(n, final_val_loss=2.0 + i) for i, n in enumerate(names)}
+    results["sparse"].rows = [{"step": 7, "val_loss": 1.8, "val_loss_dense": 2.0}]
+    line = next(x for x in summary_table(results).splitlines() if "sparse / dense FFNs" in x)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == "sparse run at step 7: val loss sparse / dense FFNs"
+    assert cells[names.index("sparse") + 1] == "1.8000 / 2.0000 (-10.00%)"
