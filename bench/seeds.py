@@ -141,14 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(table(runs))
     if args.csv:
-        s = summarize(runs)
-        rows = [{"seed": r.name, "dense": r.dense, "sparse": r.sparse, "diff": r.diff, "kept": r.kept, "lead": r.lead}
-                for r in runs]  # fmt: skip
-        keys = ("dense_mean", "sparse_mean", "diff_mean", "diff_se", "kept_mean", "lead_mean", "dense_spread")
-        rows.append({"seed": "summary", **{k: s[k] for k in keys}})
-        write_csv(args.csv, rows, ["seed", "dense", "sparse", "diff", "kept", "lead", "dense_mean", "sparse_mean",
-                                   "diff_mean", "diff_se", "kept_mean", "lead_mean", "dense_spread"])  # fmt: skip
+        write(args.csv, runs)
     return 0
+
+
+def write(path: Path, runs: list[SeedRun]) -> None:
+    """The per-seed rows and a summary row (summarize's fields) as CSV."""
+    s = summarize(runs)
+    rows = [{"seed": r.name, "dense": r.dense, "sparse": r.sparse, "diff": r.diff, "kept": r.kept, "lead": r.lead}
+            for r in runs]  # fmt: skip
+    keys = ("dense_mean", "sparse_mean", "diff_mean", "diff_se", "kept_mean", "lead_mean", "dense_spread")
+    rows.append({"seed": "summary", **{k: s[k] for k in keys}})
+    write_csv(path, rows, ["seed", "dense", "sparse", "diff", "kept", "lead", *keys[:-1], "dense_spread"])
 
 
 if __name__ == "__main__":

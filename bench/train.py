@@ -6,8 +6,9 @@ loss.png (both loss curves, phase boundaries) and summary.txt (the comparison ta
 With --distributed ddp|fsdp under torchrun, the ranks split each global batch (--batch-size per
 rank: N ranks at b see what one process sees at N*b), phases flip on every rank at the same step,
 and rank 0 writes the outputs; tokens/s and losses count all ranks.
---save-every N / --stop-at STEP write OUT/checkpoint.pt (bench/checkpoint.py); --resume OUT goes on
-from it, step for step as if never stopped, so a long run can be split over several calls.
+--save-every N / --stop-at STEP / --time-limit SECONDS write OUT/checkpoint.pt (bench/checkpoint.py);
+--resume OUT goes on from it, step for step as if never stopped, so a long run can be split over
+several calls of bounded length.
 """
 
 import argparse
@@ -120,6 +121,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="stop the run in progress after this step, write OUT/checkpoint.pt, and exit (go on with --resume)",
     )
     p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="after the first step that ends this many seconds after the arguments were parsed, write "
+        "OUT/checkpoint.pt and exit (go on with --resume); a finished run exits as usual",
+    )
+    p.add_argument(
         "--resume",
         metavar="DIR",
         help="go on from DIR/checkpoint.pt (same arguments as the stopped call); outputs go to DIR",
@@ -168,8 +176,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--save-every {args.save_every}: expected an int >= 0")
     if args.stop_at is not None and args.stop_at >= args.steps:
         p.error(f"--stop-at {args.stop_at}: expected a step < --steps {args.steps}")
-    if (args.save_every or args.stop_at or args.resume) and args.distributed != "none":
-        p.error("--save-every, --stop-at and --resume run on one process (not with --distributed)")
+    if args.time_limit is not None and not args.time_limit > 0:
+        p.error(f"--time-limit {args.time_limit}: expected seconds > 0")
+    args.deadline = None if args.time_limit is None else time.perf_counter() + args.time_limit
+    if (args.save_every or args.stop_at or args.time_limit or args.resume) and args.distributed != "none":
+        p.error("--save-every, --stop-at, --time-limit and --resume run on one process (not with --distributed)")
     if args.resume:
         args.out = args.resume
     try:
@@ -289,7 +300,7 @@ def train_one(
     d: distributed.Dist,
     ckpt: checkpoint.Checkpoint | None = None,
 ) -> RunResult | None:
-    """One run; None if --stop-at stopped it (its state is then in OUT/checkpoint.pt)."""
+    """One run; None if --stop-at or --time-limit stopped it (its state is then in OUT/checkpoint.pt)."""
     device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     torch.manual_seed(args.seed)
     model = GPT(SIZES[args.size]).to(device)
@@ -395,7 +406,8 @@ def train_one(
             result.rows.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", phase=phase)
             losses, interval_time, interval_tokens = [], 0.0, 0
-        if ckpt is not None and step + 1 == args.stop_at:
+        out_of_time = args.deadline is not None and time.perf_counter() > args.deadline
+        if ckpt is not None and (step + 1 == args.stop_at or (out_of_time and not last)):
             save(step + 1)
             sparse_compile.set_phase("sparse")
             return None
@@ -522,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     if d.main:
         print(header, flush=True)
     ckpt = None
-    if args.save_every or args.stop_at or args.resume:
+    if args.save_every or args.stop_at or args.time_limit or args.resume:
         checked = {k: getattr(args, k) for k in CHECKED_ARGS}
         try:
             ckpt = checkpoint.load(args.resume, checked) if args.resume else checkpoint.Checkpoint(args=checked)
@@ -536,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = train_one(name, args, corpus, schedule, val_batches, d, ckpt)
         if result is None:
-            print(f"stopped {name} after step {args.stop_at}: go on with --resume {out}")
+            print(f"stopped {name} after step {ckpt.current.step}: go on with --resume {out}")
             return 0
         results[name] = result
     if d.main:

@@ -145,6 +145,7 @@ def test_train_smoke_on_cpu(tmp_path):
         (["--sparsity", '{"activations": "3:3:3"}'], "SparsityConfig.activations"),
         (["--seq-len", "4096"], "> block size"),
         (["--runs", "dense,fast"], "--runs"),
+        (["--time-limit", "0"], "expected seconds > 0"),
     ],
 )
 def test_bad_arguments_exit_non_zero(args, message):
@@ -215,6 +216,34 @@ def _resume_cases(tmp_path, main, extra=()):
     resumed = [[r[k] for k in keys] for r in csv.DictReader(open(split / "log.csv"))]
     assert len(whole) == 8 and resumed == whole
     return stopped
+
+
+def test_time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run(tmp_path):
+    """--time-limit: the call stops after the first step past the limit, with a checkpoint; a
+    --resume without it finishes the run, and the log equals the uninterrupted run's (one thread)."""
+    from bench import checkpoint
+    from bench.train import main as train_main
+
+    def main(argv):
+        torch._dynamo.reset()
+        return train_main(argv)
+
+    common = ["--steps", "4", "--batch-size", "2", "--seq-len", "64", "--log-every", "1", "--eval-every", "2"]
+    common += ["--eval-iters", "1", "--runs", "dense", "--no-progress", "--data-dir", str(tmp_path / "data")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main([*common, "--out", str(tmp_path / "whole")]) == 0
+        split = tmp_path / "split"
+        assert main([*common, "--out", str(split), "--time-limit", "1e-6"]) == 0
+        state = torch.load(split / checkpoint.FILE, weights_only=False)
+        assert (state.current.name, state.current.step) == ("dense", 1) and not (split / "log.csv").exists()
+        assert main([*common, "--resume", str(split), "--time-limit", "3600"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    keys = ["run", "step", "loss", "val_loss"]
+    whole = [[r[k] for k in keys] for r in csv.DictReader(open(tmp_path / "whole" / "log.csv"))]
+    assert len(whole) == 4 and [[r[k] for k in keys] for r in csv.DictReader(open(split / "log.csv"))] == whole
 
 
 def test_resume_refuses_other_arguments(tmp_path):
@@ -312,3 +341,32 @@ def test_summary_lead_row_in_the_sparse_column(names):
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[0] == "sparse run at step 7: val loss sparse / dense FFNs"
     assert cells[names.index("sparse") + 1] == "1.8000 / 2.0000 (-10.00%)"
+
+
+def _states(stdout: str) -> dict[str, str]:
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines() if line.startswith("| ")]
+    return {c[0]: c[1] for c in cells if len(c) == 2 and c[0] != "run"}
+
+
+def test_sweep_stops_resumes_and_tables_each_configuration(tmp_path):
+    """bench.sweep over two calls: the first's 0.5 s leaves every process its first step (model
+    build and compile take longer), after which it stops with a checkpoint; the second resumes and
+    finishes them; then the paired table and CSV of the configuration against the dense seed."""
+    out = tmp_path / "sweep"
+    train = ["--steps", "4", "--batch-size", "2", "--seq-len", "64", "--log-every", "2", "--eval-every", "2"]
+    train += ["--eval-iters", "1", "--data-dir", str(tmp_path / "data")]
+    cmd = [sys.executable, "-m", "bench.sweep", "--sparsity", '{"activations": "64:2:8"}', "--seeds", "0"]
+    cmd += ["--parallel", "2", "--min-seconds", "0", "--out", str(out)]
+    first = subprocess.run([*cmd, "--time-limit", "0.5", "--", *train], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    states = _states(first.stdout)
+    for arm, run in (("dense", "dense"), ("activations-64-2-8", "sparse")):
+        assert states[f"{arm}_s0"] == f"stopped {run} after step 1"
+        assert (out / f"{arm}_s0" / "checkpoint.pt").is_file() and not (out / f"{arm}_s0" / "log.csv").exists()
+    second = subprocess.run([*cmd, "--time-limit", "600", "--", *train], capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert set(_states(second.stdout).values()) == {"finished"}
+    assert "dense_s0 / activations-64-2-8_s0" in second.stdout
+    rows = list(csv.DictReader(open(out / "activations-64-2-8_seeds.csv")))
+    assert rows[-1]["seed"] == "summary" and math.isfinite(float(rows[0]["sparse"]))
+    assert float(rows[0]["dense"]) != float(rows[0]["sparse"])

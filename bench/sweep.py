@@ -1,0 +1,147 @@
+"""python -m bench.sweep: the main job's sparse configurations x seeds, side by side on one machine,
+over calls of bounded length; then each configuration's paired table against the dense seeds.
+
+Each (configuration, seed) is one process, `python -m bench.train --runs sparse --seed S --sparsity X`,
+writing to OUT/<arm>_s<S>; the dense seeds likewise (`--runs dense`) to OUT/dense_s<S>, unless
+--dense names finished bench.train folders, one per seed. At most --parallel processes run at once.
+Each process gets what is left of --time-limit as its own --time-limit: it stops after the first step
+past it and writes its checkpoint, and the same command run again resumes it (`--resume`), step for
+step as if never stopped. A folder with a summary.txt is finished and does not run again; a process
+is not started with less than --min-seconds left (compiling alone takes about a minute on a GPU).
+Arguments after `--` go to every bench.train process, unchanged between calls (--resume checks).
+
+When every seed of a configuration and of the dense runs has finished, prints bench.seeds' paired
+table of that configuration and writes OUT/<arm>_seeds.csv.
+
+    python -m bench.sweep --sparsity '{"activations": "128:4:16", "causal": true}' --sparsity venom \\
+        --seeds 0,1,2 --parallel 5 --time-limit 540 --out runs/sweep
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+from bench import checkpoint, seeds
+from bench.data import Corpus
+from bench.train import parse_args as train_args
+
+
+def arm_name(sparsity: str) -> str:
+    """A folder-safe name of a --sparsity text: 'venom' -> 'venom', '{"activations": "128:4:16"}' ->
+    'activations-128-4-16'."""
+    return re.sub(r"[^a-z0-9]+", "-", sparsity.lower()).strip("-") or "arm"
+
+
+@dataclass
+class Job:
+    arm: str
+    seed: int
+    folder: Path
+    argv: list[str]  # bench.train's arguments, without --out, --resume and --time-limit
+    rc: int | None = None  # exit status of this call's process (None: not run in this call)
+
+    @property
+    def finished(self) -> bool:
+        return (self.folder / "summary.txt").is_file()
+
+    def command(self, seconds: float) -> list[str]:
+        resume = (self.folder / checkpoint.FILE).is_file()
+        where = ["--resume" if resume else "--out", str(self.folder)]
+        return [sys.executable, "-m", "bench.train", *self.argv, *where, "--time-limit", f"{max(seconds, 1e-3):.3f}"]
+
+    def state(self) -> str:
+        if self.finished:
+            return "finished"
+        if self.rc not in (None, 0):
+            return f"failed (exit {self.rc}, see {self.folder / 'train.log'})"
+        log = self.folder / "train.log"
+        stops = [line for line in log.read_text().splitlines() if line.startswith("stopped ")] if log.is_file() else []
+        return stops[-1].split(":")[0] if stops else "not started"
+
+
+def jobs_of(args: argparse.Namespace) -> tuple[list[Job], dict[str, list[Path]]]:
+    """Every (arm, seed) job, and each arm's folders by seed (the dense arm's included)."""
+    jobs, folders = [], {}
+    arms = [(arm_name(s), ["--runs", "sparse", "--sparsity", s]) for s in args.sparsity]
+    if not args.dense:
+        arms.insert(0, ("dense", ["--runs", "dense"]))
+    for arm, argv in arms:
+        folders[arm] = []
+        for s in args.seeds:
+            job = Job(arm, s, args.out / f"{arm}_s{s}", [*argv, "--seed", str(s), "--no-progress", *args.train])
+            jobs.append(job)
+            folders[arm].append(job.folder)
+    if args.dense:
+        folders["dense"] = list(args.dense)
+    return jobs, folders
+
+
+def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll: float = 2.0) -> None:
+    """Run the unfinished jobs, at most ``parallel`` at a time, within ``seconds`` from now."""
+    deadline = time.monotonic() + seconds
+    queue = [j for j in jobs if not j.finished]
+    running: list[tuple[Job, subprocess.Popen]] = []
+    while queue or running:
+        while queue and len(running) < parallel and deadline - time.monotonic() >= min_seconds:
+            job = queue.pop(0)
+            job.folder.mkdir(parents=True, exist_ok=True)
+            with open(job.folder / "train.log", "a") as log:
+                proc = subprocess.Popen(job.command(deadline - time.monotonic()), stdout=log, stderr=subprocess.STDOUT)
+            running.append((job, proc))
+            print(f"started {job.folder.name}", flush=True)
+        if not running:
+            break
+        time.sleep(poll)
+        for job, proc in list(running):
+            if proc.poll() is not None:
+                job.rc = proc.returncode
+                running.remove((job, proc))
+                print(f"ended {job.folder.name}: {job.state()}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, train = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--sparsity", action="append", required=True, help="a configuration (bench.train --sparsity)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--dense", nargs="+", type=Path, help="finished dense bench.train folders, one per seed")
+    p.add_argument("--parallel", type=int, default=5, help="processes at a time (5 x 125M fit on one H100)")
+    p.add_argument("--time-limit", type=float, required=True, metavar="SECONDS", help="this call's wall time")
+    p.add_argument("--min-seconds", type=float, default=120.0, help="start no process with less time left")
+    p.add_argument("--out", type=Path, default=Path("runs/sweep"))
+    args = p.parse_args(own)
+    args.train = train
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds {args.seeds!r}: expected comma-separated ints")
+    if args.dense and len(args.dense) != len(args.seeds):
+        p.error(f"--dense: {len(args.dense)} folders for {len(args.seeds)} seeds (need one each)")
+    if args.parallel < 1 or not args.time_limit > 0:
+        p.error(f"--parallel {args.parallel}, --time-limit {args.time_limit}: expected >= 1 and > 0")
+    for s in args.sparsity:  # bench.train's own checks, before any process starts
+        checked = train_args(["--sparsity", s, *train])
+    Corpus.load(checked.data_dir, source=checked.corpus)  # built once, before the processes read it
+    jobs, folders = jobs_of(args)
+    run(jobs, args.parallel, args.time_limit, args.min_seconds)
+    print(tabulate([[j.folder.name, j.state()] for j in jobs], headers=["run", "state"], tablefmt="github"))
+    done = {arm: all((f / "log.csv").is_file() for f in fs) for arm, fs in folders.items()}
+    for arm, fs in folders.items():
+        if arm == "dense" or not (done[arm] and done["dense"]):
+            continue
+        runs = [seeds.load(d, s) for d, s in zip(folders["dense"], fs, strict=True)]
+        print(f"\n{arm}:\n{seeds.table(runs)}")
+        seeds.write(args.out / f"{arm}_seeds.csv", runs)
+    return 1 if any(j.rc not in (None, 0) for j in jobs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
