@@ -72,6 +72,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
     p.add_argument("--distributed", choices=distributed.MODES, default="none", help="ddp or fsdp, under torchrun")
     p.add_argument("--baseline", type=Path, help="e2e.csv of a one-GPU run: per-GPU throughput against it")
+    p.add_argument(
+        "--compile-mode",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+        default="default",
+        help="torch.compile mode of every configuration (reduce-overhead: CUDA graphs, one launch per graph)",
+    )
     args = p.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,10 +131,12 @@ def run_one(
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     n_reports = len(sparse_compile.compile_reports())
+    mode = None if args.compile_mode == "default" else args.compile_mode
     if label == "dense":
-        compiled = distributed.compile_model(model, d)
+        compiled = distributed.compile_model(model, d, mode=mode)
     else:
-        compiled = distributed.compile_model(model, d, backend="sparse", options=_options(label))
+        options = _options(label) | ({"mode": mode} if mode else {})
+        compiled = distributed.compile_model(model, d, backend="sparse", options=options)
     opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu and d.mode != "fsdp")  # FSDP2 shards: default path
     batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1, rank=d.rank, world=d.world)
     data = [batches.next(device) for _ in range(DATA_BATCHES)]
@@ -157,6 +165,7 @@ def run_one(
         "size": size,
         "params_M": round(model.num_params() / 1e6, 1),  # FSDP2's DTensor shards report their global numel
         "config": label,
+        "compile_mode": args.compile_mode,
         "distributed": d.mode,
         "gpus": d.world,
         "tokens_per_step": tokens,
@@ -250,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{args.batch_size} x {args.seq_len} tokens per step"
         + (f" per GPU x {d.world} GPUs ({d.mode})" if d.world > 1 else "")
-        + f", bf16 autocast on CUDA, fused AdamW on CUDA, {args.steps} timed steps after {args.warmup}\n"
+        + f", bf16 autocast on CUDA, fused AdamW on CUDA, {args.steps} timed steps after {args.warmup}"
+        + (f", torch.compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
+        + "\n"
         + "\n".join(f"{k}: {v}" for k, v in env.items())
     )
     if d.main:

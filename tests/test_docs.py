@@ -64,3 +64,34 @@ def test_e2e_speedups_are_the_measured_ones():
             assert measured[(size, config)] == value, (size, config)
             quoted += 1
     assert quoted == 12
+
+
+def test_speed_quality_table_is_the_measured_csvs():
+    """The README's speed-against-quality table: 1.3B speedups from the end-to-end CSVs, 125M
+    paired differences and kept mass from the seeds CSVs."""
+    import csv
+
+    res = ROOT / "bench" / "results"
+    sources = {  # README's options cell -> (e2e CSV, its config, seeds CSV)
+        "default (venom)": ("h100_e2e_1.3b_b4e25c8.csv", "default", "h100_125m_2400steps_seeds_venom_3b6d6d8.csv"),
+        '`{"activations": "128:2:16"}`': (
+            "h100_e2e_1.3b_patterns_bc7247a.csv",
+            '{"activations": "128:2:16"}',
+            "h100_125m_2400steps_seeds_128-2-16_3b6d6d8.csv",
+        ),
+        '`{"activations": "128:4:16", "causal": true}`': (
+            "h100_e2e_1.3b_patterns_bc7247a.csv",
+            '{"activations": "128:4:16", "causal": true}',
+            "h100_125m_2400steps_seeds_128-4-16-causal_bc7247a.csv",
+        ),
+    }
+    table = _table_after(README, "| options | 1.3B step | 125M val vs dense | kept mass |")[2:]
+    assert len(table) == len(sources)
+    for line in table:
+        cells = _cells(line)
+        e2e, config, seeds = sources[cells[0]]
+        speedup = next(float(r["speedup"]) for r in csv.DictReader(open(res / e2e)) if r["config"] == config)
+        s = next(r for r in csv.DictReader(open(res / seeds)) if r["seed"] == "summary")
+        diff = f"{float(s['diff_mean']):+.2%} ± {float(s['diff_se']):.2%}"
+        want = [f"{speedup:.3f}x", diff, f"{float(s['kept_mean']):.3f}"]
+        assert cells[1:] == want, cells[0]

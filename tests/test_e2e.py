@@ -93,6 +93,24 @@ def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
     assert rows[1]["sites"] == "4/4 sparse: reference"  # the tiny GPT's four FFNs, CPU kernels
     assert all(float(r["tokens_per_s"]) > 0 and math.isfinite(float(r["last_loss"])) for r in rows)
     assert "sparse_compile report" in (out / "summary.txt").read_text()
+    assert {r["compile_mode"] for r in rows} == {"default"}
+
+
+def test_e2e_compile_mode_reaches_both_compiles(tmp_path, monkeypatch):
+    """--compile-mode: the dense compile gets mode=..., the sparse one options["mode"]."""
+    import bench.e2e
+
+    seen = []
+
+    def fake_compile(model, d, **kwargs):  # records the call, returns the eager model
+        seen.append(kwargs.get("mode") or kwargs.get("options", {}).get("mode"))
+        return model
+
+    monkeypatch.setattr(bench.e2e.distributed, "compile_model", fake_compile)
+    argv = ["--device", "cpu", "--configs", "dense", '{"activations": "64:2:8"}', "--steps", "1", "--warmup", "1"]
+    assert e2e_main([*argv, "--compile-mode", "max-autotune-no-cudagraphs", "--out", str(tmp_path)]) == 0
+    assert seen == ["max-autotune-no-cudagraphs"] * 2
+    assert {r["compile_mode"] for r in csv.DictReader(open(tmp_path / "e2e.csv"))} == {"max-autotune-no-cudagraphs"}
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
