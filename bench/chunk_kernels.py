@@ -2,7 +2,8 @@
 
 Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
   select       kernels/chunk_select_triton.py vs copy bandwidth (bytes: Z read once, h_c and r_c
-               written, ids), beside the plain selection kernel (chunk 1) on the same Z
+               written, ids), beside the plain selection kernel (chunk 1) on the same Z; with --seq S
+               also the causal form (sequences of S tokens) beside the non-causal chunked kernel
   B2, B4       kernels/chunk_wgrad_triton.py vs cuBLAS on the dense product (dY^T H~ [d, T] x [T, h],
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
                left at keep 4/M)
@@ -40,7 +41,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 SWEEP = [(128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (128, 64, 8, 4), (64, 128, 4, 4), (256, 128, 8, 2)]
 
 
-def measure(t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float, sweep: bool = False) -> list[dict]:
+def measure(
+    t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float, sweep: bool = False, seq: int | None = None
+) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     z = torch.randn(t, h, device="cuda", generator=g).bfloat16()
     x = torch.randn(t, d, device="cuda", generator=g).bfloat16()
@@ -55,6 +58,13 @@ def measure(t: int, d: int, h: int, v: int, n: int, m: int, c: int, copy: float,
     plain = _ms(lambda: vnm_select_compact(z, None, v, n, m))
     rows.append({**label, "kernel": "select", "ms": ms, "of ceiling": nbytes / ms / 1e6 / copy, "check": exact,
                  "baseline": "chunk 1", "baseline ms": plain})  # fmt: skip
+    if seq:
+        got = vnm_select_chunks(z, None, v, n, m, c, seq)
+        exact = all(torch.equal(a, b) for a, b in zip(got, vnm_compact_ref(z, None, v, n, m, c, seq), strict=True))
+        causal = _ms(lambda: vnm_select_chunks(z, None, v, n, m, c, seq))
+        rows.append({**label, "kernel": f"select causal, seq {seq}", "ms": causal, "check": exact,
+                     "of ceiling": nbytes / causal / 1e6 / copy, "baseline": "not causal",
+                     "baseline ms": ms})  # fmt: skip
 
     kc = h_c.shape[1]
     keep = kc / h
@@ -102,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", default="32,64", help="chunk sizes, comma-separated")
     p.add_argument("--csv", help="write the rows here")
     p.add_argument("--sweep", action="store_true", help="also time tilings of the B2 kernel")
+    p.add_argument("--seq", type=int, help="also the causal selection over sequences of this many tokens")
     args = p.parse_args(argv)
     env, copy = start_gpu_bench(p, "python -m bench.chunk_kernels", argv)
     rows = []
@@ -110,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         for pat in args.patterns.split(","):
             v, n, m = (int(s) for s in pat.split(":"))
             for c in (int(s) for s in args.chunks.split(",")):
-                rows += measure(t, d, h, v, n, m, c, copy, args.sweep)
+                rows += measure(t, d, h, v, n, m, c, copy, args.sweep, args.seq)
                 print(f"{shape} {pat} chunk {c} done", flush=True)
     keys = ["T", "d", "h", "pattern", "chunk", "kernel", "ms", "of ceiling", "baseline", "baseline ms", "check"]
     print(tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3f"))

@@ -6,6 +6,10 @@ at every row and offset the N largest of those 4 chunks' entries. Reference: vnm
 bias, v, n, m, c), which this matches value for value (the float32 norm sums may round in another
 order, so a near-tie between chunk norms may resolve differently).
 
+Causal (``seq``, tokens per sequence): pass 1 scores the previous block of the sequence instead
+(a sequence's first block: its first row alone), as the reference's block_scores does; pass 2 is
+unchanged. Z is then read 2.25 times per block (the previous block's rows, then its own kept chunks).
+
 One program = one V-block x one group (M*c columns, a power of two). Pass 1 walks the block's
 rows in ROWS-row steps, accumulating relu(Z + b)^2 (rounded to Z's dtype, as the reference does)
 elementwise in float32; one reduction gives the M chunk norms; the top 4 by rank (ties to the
@@ -34,9 +38,12 @@ def _relu_sq(z_ptr, bias_ptr, offs, cols, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _chunk_select_kernel(
-    z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids,
+    z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids, SEQ_BLOCKS,
     M: tl.constexpr, C: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):  # fmt: skip
+    """CAUSAL: pass 1 scores block blk - 1 of the sequence (SEQ_BLOCKS blocks per sequence), or
+    only the first row of a sequence's first block."""
     blk = tl.program_id(0)
     g = tl.program_id(1)
     W: tl.constexpr = M * C
@@ -44,10 +51,17 @@ def _chunk_select_kernel(
     rr = tl.arange(0, ROWS)
     col = g * W + tl.arange(0, W)
     acc = tl.zeros((ROWS, W), dtype=tl.float32)
+    if CAUSAL:
+        starts = blk % SEQ_BLOCKS == 0
+        src0 = tl.where(starts, row0, row0 - V)  # first row of the block pass 1 scores
+        scored = tl.where(starts, 1, V)  # its rows that count
+    else:
+        src0 = row0
+        scored = V
     for k in range(0, V, ROWS):
-        rows = row0 + k + rr
+        rows = src0 + k + rr
         _, hh = _relu_sq(z_ptr, bias_ptr, rows[:, None] * stride_z + col[None, :], col[None, :], HAS_BIAS)
-        acc += hh.to(tl.float32)
+        acc += tl.where((k + rr < scored)[:, None], hh.to(tl.float32), 0.0)
     norms = tl.sum(tl.reshape(tl.sum(acc, axis=0), (M, C)), axis=1)  # [M]
     j = tl.arange(0, M)
     ahead = (norms[None, :] > norms[:, None]) | ((norms[None, :] == norms[:, None]) & (j[None, :] < j[:, None]))
@@ -85,10 +99,11 @@ def chunk_supports(v: int, m: int, c: int) -> bool:
 
 
 def vnm_select_chunks(
-    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int
+    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int, seq: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h_c [T, h*4/M], r_c [T, h*4/M], ids int32 [T/V, h*4/M]) of z [T, h] (+ bias), as
-    vnm_compact_ref(z, bias, v, n, m, c) lays them out."""
+    vnm_compact_ref(z, bias, v, n, m, c, seq) lays them out; ``seq``: causal over sequences of
+    that many tokens."""
     if z.dtype not in _DTYPES or (bias is not None and bias.dtype != z.dtype):
         raise ValueError(f"vnm_select_chunks: z.dtype={z.dtype}, bias dtype must equal it and be one of {_DTYPES}")
     t, h = z.shape
@@ -96,6 +111,11 @@ def vnm_select_chunks(
         raise ValueError(
             f"vnm_select_chunks: pattern {v}:{n}:{m} in chunks of {c} on z {tuple(z.shape)}: needs V % 16 == 0, "
             "M*c a power of two, N in (1, 2, 4), T % V == 0 and h % (M*c) == 0"
+        )
+    if seq is not None and (seq < v or seq % v or t % seq):
+        raise ValueError(
+            f"vnm_select_chunks: causal pattern with sequences of {seq} tokens: needs a multiple of V={v} "
+            f"that divides T={t}"
         )
     z = z if z.stride(1) == 1 else z.contiguous()
     kc = h * 4 // m
@@ -105,7 +125,7 @@ def vnm_select_chunks(
     rows = max(1, min(16, 4096 // (m * c)))
     grid = (t // v, h // (m * c))
     _chunk_select_kernel[grid](
-        z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc,
-        M=m, C=c, N=n, ROWS=rows, HAS_BIAS=bias is not None, num_warps=4,
+        z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v,
+        M=m, C=c, N=n, ROWS=rows, HAS_BIAS=bias is not None, CAUSAL=seq is not None, num_warps=4,
     )  # fmt: skip
     return h_c, r_c, ids

@@ -63,14 +63,14 @@ def sqrelu_ffn_forward_gather(
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
     ``chunk``: units per kept column (then F2 always gathers); ``seq``: the causal pattern over
-    sequences of that many tokens (chunk 1)."""
+    sequences of that many tokens."""
     _check_chunk(v, m, chunk, dense)
     if f1_alg is None:
         z = F.linear(x, w1, b1)
     else:
         z = cslt_linear(x, w1, b1, f1_alg)
     if chunk > 1:
-        h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk)
+        h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk, seq)
     else:
         h_c, r_c, ids = vnm_select_compact(z, None, v, n, m, seq=seq)
     del z

@@ -114,11 +114,6 @@ class SparsityConfig:
                 f"SparsityConfig.causal=True needs V:N:M activations with V > 1 (2:4 and V = 1 choose per "
                 f"token and are causal already); got activations={self.activations!r}"
             )
-        if self.causal and self.chunk > 1:
-            raise ValueError(
-                f"SparsityConfig.causal=True with chunk={self.chunk}: causal chunked patterns are not built; "
-                "use chunk=1"
-            )
         if not isinstance(self.permute, bool):
             raise ValueError(f"SparsityConfig.permute={self.permute!r}: expected True or False")
         if self.permute and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):

@@ -125,7 +125,6 @@ def test_sequence_not_a_multiple_of_v_stays_dense_with_reason():
         ({"activations": "2:4", "causal": True}, "V > 1"),
         ({"weights": "2:4", "causal": True}, "V > 1"),
         ({"activations": "64:2:8", "causal": 1}, "expected True or False"),
-        ({"activations": "128:2:16", "chunk": 64, "causal": True}, "causal chunked patterns are not built"),
     ],
 )
 def test_config_errors(kwargs, message):

@@ -84,6 +84,35 @@ def test_select_kernel_matches_reference(interpreter, v, n, m, c, dtype):
             assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("v,n,m,c,seq", [(16, 2, 8, 16, 32), (32, 4, 8, 16, 64), (16, 1, 8, 2, 16)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_causal_select_kernel_matches_reference(interpreter, v, n, m, c, seq, dtype):
+    """The causal chunked selection (each block scored by the previous block of its sequence, a
+    sequence's first block by its first row) equals the reference, with and without bias; and it
+    is not the plain pattern."""
+    from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+
+    torch.manual_seed(seq + c)
+    h = 2 * m * c
+    z = torch.randn(128, h, dtype=dtype)
+    for b in (None, torch.randn(h, dtype=dtype)):
+        got = vnm_select_chunks(z, b, v, n, m, c, seq)
+        for name, a, r in zip(("h_c", "r_c", "ids"), got, vnm_compact_ref(z, b, v, n, m, c, seq), strict=True):
+            assert torch.equal(a, r), name
+        assert not torch.equal(got[2], vnm_compact_ref(z, b, v, n, m, c)[2])
+    with pytest.raises(ValueError, match="sequences of 24 tokens"):
+        vnm_select_chunks(z, None, v, n, m, c, 24)
+
+
+def test_causal_chunked_mask_never_looks_ahead():
+    g = torch.Generator().manual_seed(3)
+    h = torch.rand(128, 128, generator=g) ** 4
+    later = h.clone()
+    later[40:] = torch.rand(88, 128, generator=g) ** 4  # token 40 sits inside block 2 (V=16)
+    assert torch.equal(vnm_mask(h, 16, 2, 8, 4, seq=64)[:40], vnm_mask(later, 16, 2, 8, 4, seq=64)[:40])
+    assert not torch.equal(vnm_mask(h, 16, 2, 8, 4)[32:40], vnm_mask(later, 16, 2, 8, 4)[32:40])
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.float32, 1e-5)])
 def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
@@ -116,6 +145,19 @@ def test_compiled_model_matches_oracle(interpreter, kernels):
     if kernels == "triton":
         assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
     assert report.sparse_sites[0].patterns["B2"] == "A16:2:8c16"
+
+
+def test_causal_chunks_compiled_match_the_oracle(interpreter):
+    """chunk + causal through torch.compile on the gather path (interpreter): the oracle's output
+    and gradients (the oracle: masked dense math with the causal chunked mask)."""
+    from sparse_compile.dispatch import GATHER
+
+    from .test_backend import assert_compiled_matches_oracle
+
+    config = SparsityConfig(activations="16:2:8", chunk=16, causal=True, kernels="triton")
+    report = assert_compiled_matches_oracle(config, torch.randn(2, 32, 32), 1e-4)
+    assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
+    assert report.sparse_sites[0].patterns["B2"] == "A16:2:8c16 causal"
 
 
 def test_chunks_the_kernels_cannot_take_run_the_reference():

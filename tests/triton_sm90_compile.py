@@ -139,11 +139,13 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
             types["out_ptr"] = "*bf16"
             cases.append((f"gather_n{suffix} {cfg.kwargs}", gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
-    for m, c in ((16, 32), (8, 64), (16, 16)):
-        ce = {"M": m, "C": c, "N": 2, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False}
-        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids M C N ROWS HAS_BIAS"
+    for m, c, causal in ((16, 32, False), (8, 64, False), (16, 16, False), (16, 64, True)):
+        ce = {"M": m, "C": c, "N": 2, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False, "CAUSAL": causal}
+        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS HAS_BIAS "
+        names += "CAUSAL"
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
-        cases.append((f"chunk select M={m} c={c}", chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
+        label = f"chunk select M={m} c={c}" + (" causal" if causal else "")
+        cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
     for c, square in ((32, True), (64, False), (16, False)):
         ce = {
             "C": c,

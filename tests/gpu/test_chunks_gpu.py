@@ -16,17 +16,21 @@ from .test_gather_gpu import _poison, ffn_leaves, run_with_grads
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)")
 
 
-@pytest.mark.parametrize("v,n,m,c", [(128, 2, 16, 32), (128, 2, 16, 64), (128, 2, 8, 32), (64, 2, 8, 16)])
+CHUNK_PATTERNS = [(128, 2, 16, 32), (128, 2, 16, 64), (128, 4, 16, 64), (128, 2, 8, 32), (64, 2, 8, 16)]
+
+
+@pytest.mark.parametrize("v,n,m,c", CHUNK_PATTERNS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_chunk_selection_is_bit_exact_at_full_size(v, n, m, c, dtype):
+@pytest.mark.parametrize("seq", [None, 2048], ids=["plain", "causal"])
+def test_chunk_selection_is_bit_exact_at_full_size(v, n, m, c, dtype, seq):
     from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
 
     g = torch.Generator(device="cuda").manual_seed(c)
     z = torch.randn(16384, 8192, device="cuda", generator=g).to(dtype)
     bias = (0.1 * torch.randn(8192, device="cuda", generator=g)).to(dtype)
     _poison()
-    got = vnm_select_chunks(z, bias, v, n, m, c)
-    want = vnm_compact_ref(z, bias, v, n, m, c)
+    got = vnm_select_chunks(z, bias, v, n, m, c, seq)
+    want = vnm_compact_ref(z, bias, v, n, m, c, seq)
     for name, a, b in zip(("h_c", "r_c", "ids"), got, want, strict=True):
         assert torch.equal(a, b), name
 
