@@ -11,6 +11,8 @@ Per configuration:
                the sparse backend's per-shape kernel choices)
   GPU ms/step  a torch.profiler trace of --profile-steps steps, grouped by bench/step_profile.py
                (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, other)
+  host side    from the same trace: kernel launches per step, and the CPU ms per step spent inside
+               sparse_compile:: ops (profiled, so longer than unprofiled; for comparing configurations)
 Writes e2e.csv (one row per configuration), kernels.csv (the heaviest kernels of each) and
 summary.txt (header, table, the sparse configurations' site reports) to --out.
 
@@ -41,7 +43,7 @@ from bench import distributed
 from bench.data import Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from bench.step_profile import GROUPS, breakdown
+from bench.step_profile import GROUPS, breakdown, host
 from sparse_compile.config import BackendOptions, options_from_text
 
 GPU_CONFIGS = ["dense", "default", "activation24", "weight24", '{"activations": "128:2:16"}']
@@ -193,6 +195,7 @@ def run_one(
                 groups, kernels = breakdown(trace, hidden=4 * cfg.n_embd, steps=args.profile_steps)
                 row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
                 row["GPU ms"] = round(sum(groups.values()), 2)
+                row.update({k: round(v, 2) for k, v in host(trace, args.profile_steps).items()})
                 top = [
                     {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}
                     for g, k, ms in kernels[: args.top]
@@ -232,8 +235,8 @@ def table(rows: list[dict]) -> str:
         keys[3:3] = ["gpus", "tokens_per_s_per_gpu", "vs_one_gpu"]
     profiled = any("GPU ms" in r for r in rows)
     if profiled:
-        head += [g.replace(" ", "\n", 1) for g in GROUPS] + ["GPU ms"]
-        keys += [f"{g} ms" for g in GROUPS] + ["GPU ms"]
+        head += [g.replace(" ", "\n", 1) for g in GROUPS] + ["GPU ms", "launches", "sparse op\nhost ms"]
+        keys += [f"{g} ms" for g in GROUPS] + ["GPU ms", "launches", "sparse op host ms"]
     body = [[r.get(k, "") for k in keys] for r in rows]
     speedup = keys.index("speedup")
     for line in body:

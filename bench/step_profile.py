@@ -12,6 +12,10 @@ falls into one group:
   sparse kernels   the sparse path's own non-GEMM kernels (selection, scatter, masks, compressors,
                    transposes): any other kernel launched under a sparse_compile:: op
   other            the rest (Inductor's fused elementwise and norm kernels, the loss, copies)
+
+host() reads the CPU side of the same trace: kernel launches per step, those made inside a
+sparse_compile:: op, and the host time per step spent inside sparse_compile:: ops (the union of
+their spans per thread). With the profiler on, host times run longer than without it.
 """
 
 import json
@@ -26,6 +30,7 @@ _GATHER_GEMM = re.compile(r"_gather_[kn]_kernel|_chunk_wgrad_kernel")
 _ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
 _OPTIMIZER_KERNEL = re.compile(r"adam|multi_tensor", re.IGNORECASE)
 _OPTIMIZER_OP = re.compile(r"Optimizer\.step|clip_grad|_foreach_")
+_LAUNCH = re.compile(r"LaunchKernel")
 
 
 def _dims(args: dict) -> list[int]:
@@ -106,3 +111,33 @@ def breakdown(
         kernels[(group, name)] += ms
     top = sorted(((g, k, ms) for (g, k), ms in kernels.items()), key=lambda r: -r[2])
     return groups, top
+
+
+def host(trace: dict | str | Path, steps: int) -> dict[str, float]:
+    """Per step: 'launches' (kernel launch calls), 'sparse launches' (of those, inside a
+    sparse_compile:: op) and 'sparse op host ms' (CPU time inside sparse_compile:: ops, nested and
+    overlapping calls counted once per thread)."""
+    if not isinstance(trace, dict):
+        trace = json.loads(Path(trace).read_text())
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    stacks = _launch_stacks(events)
+    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and _LAUNCH.search(e["name"])]
+    in_op = sum(
+        any(o.get("name", "").startswith("sparse_compile::") for o in stacks.get(e["args"].get("correlation"), []))
+        for e in launches
+    )
+    spans: dict[object, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cpu_op" and e.get("name", "").startswith("sparse_compile::"):
+            spans[e.get("tid")].append((e["ts"], e["ts"] + e.get("dur", 0)))
+    busy = 0.0
+    for items in spans.values():
+        end = float("-inf")
+        for a, b in sorted(items):
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+    return {
+        "launches": len(launches) / steps,
+        "sparse launches": in_op / steps,
+        "sparse op host ms": busy / 1e3 / steps,
+    }

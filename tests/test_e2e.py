@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.e2e import main as e2e_main
-from bench.step_profile import GROUPS, breakdown, classify
+from bench.step_profile import GROUPS, breakdown, classify, host
 
 
 def _op(name: str, ts: float, dur: float, tid: int = 1, dims=None) -> dict:
@@ -78,7 +78,20 @@ def test_kernels_are_grouped_by_their_launching_ops():
     for g, ms in want.items():
         assert math.isclose(groups[g], ms), (g, groups[g], ms)
     assert top[0][0] == "FFN GEMMs" and top[0][2] == max(ms for _, _, ms in top)
+    # the host side: 8 launches in 2 steps, 3 of them inside the sparse op (100..300 us)
+    assert host({"traceEvents": events}, steps=2) == {"launches": 4.0, "sparse launches": 1.5, "sparse op host ms": 0.1}
     assert classify("triton_poi_fused_mul_0", [], h) == "other"
+
+
+def test_host_time_counts_nested_and_overlapping_sparse_ops_once():
+    events = [
+        _op("sparse_compile::sqrelu_ffn_vnm", 0, 100),
+        _op("sparse_compile::sqrelu_ffn_vnm_backward", 50, 100),  # overlaps the first by 50 us
+        _op("sparse_compile::sqrelu_ffn_vnm", 60, 10),  # nested
+        _op("sparse_compile::sqrelu_ffn_vnm", 0, 30, tid=2),  # another thread counts on its own
+        _op("aten::mm", 500, 100),
+    ]
+    assert host({"traceEvents": events}, steps=1)["sparse op host ms"] == (150 + 30) / 1e3
 
 
 def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
