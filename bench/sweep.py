@@ -8,6 +8,8 @@ Each process gets what is left of --time-limit as its own --time-limit: it stops
 past it and writes its checkpoint, and the same command run again resumes it (`--resume`), step for
 step as if never stopped. A folder with a summary.txt is finished and does not run again; a process
 is not started with less than --min-seconds left (compiling alone takes about a minute on a GPU).
+A process overruns the limit by its start-up (imports), its last step and its checkpoint write:
+give --time-limit about a minute less than the caller's own limit.
 Arguments after `--` go to every bench.train process, unchanged between calls (--resume checks).
 
 When every seed of a configuration and of the dense runs has finished, prints bench.seeds' paired
