@@ -8,7 +8,7 @@ order, so a near-tie between chunk norms may resolve differently).
 
 Causal (``seq``, tokens per sequence): pass 1 scores the previous block of the sequence instead
 (a sequence's first block: its first row alone), as the reference's block_scores does; pass 2 is
-unchanged. Z is then read 2.25 times per block (the previous block's rows, then its own kept chunks).
+unchanged. The bytes read stay 1.25 x Z: each block's rows are scored by the next block's program.
 
 One program = one V-block x one group (M*c columns, a power of two). Pass 1 walks the block's
 rows in ROWS-row steps, accumulating relu(Z + b)^2 (rounded to Z's dtype, as the reference does)
