@@ -25,8 +25,7 @@ from tabulate import tabulate
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from sparse_compile.clustering import block_mass, cluster_units
-from sparse_compile.kernels.activation_mask import vnm_mask
+from sparse_compile.clustering import block_mass, cluster_units, kept_mass
 
 
 def parse_pattern(text: str) -> tuple[int, int, int, int]:
@@ -60,16 +59,6 @@ def hidden(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocas
         for h in hooks:
             h.remove()
     return [torch.cat(hs) for hs in per_layer]
-
-
-def kept_mass(hs: list[torch.Tensor], pattern: tuple[int, int, int, int], perms: list[torch.Tensor] | None) -> float:
-    v, n, m, c = pattern
-    kept = total = 0.0
-    for i, h in enumerate(hs):
-        f = h.float() if perms is None else h.float()[:, perms[i].to(h.device)]
-        kept += (f * vnm_mask(f, v, n, m, c)).sum().item()
-        total += f.sum().item()
-    return kept / total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 variants["stale (previous fit)"] = previous[text]
             previous[text] = perms
             for name, ps in variants.items():
-                rows.append({"step": step, "pattern": text, "variant": name, "kept": kept_mass(held, (v, n, m, c), ps),
+                rows.append({"step": step, "pattern": text, "variant": name, "kept": kept_mass(held, (v, n, m), c, ps),
                              "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip
                 print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}", flush=True)
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4f"))

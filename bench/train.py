@@ -29,8 +29,9 @@ from bench import checkpoint, distributed
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
+from sparse_compile.clustering import kept_mass
 from sparse_compile.config import BackendOptions, options_from_text
-from sparse_compile.kernels import transposable_24_mask, vnm_mask
+from sparse_compile.kernels import transposable_24_mask
 
 SEGMENTS = ("warmup", "sparse", "final")
 CSV_FIELDS = [
@@ -252,13 +253,9 @@ class Health:
             v, _, m = self.pattern
             fits = seq is None or seq % v == 0
             perms = sparse_compile.unit_permutations()  # by site module path, 'blocks.i.mlp'
-            flat = [
-                f if (p := perms.get(f"blocks.{i}.mlp")) is None else f[:, p.to(f.device)] for i, f in enumerate(flat)
-            ]
             if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
-                kept = sum((f * vnm_mask(f, *self.pattern, self.chunk, seq)).sum().item() for f in flat) / sum(
-                    f.sum().item() for f in flat
-                )
+                site_perms = [perms.get(f"blocks.{i}.mlp") for i in range(len(flat))]
+                kept = kept_mass(flat, self.pattern, self.chunk, site_perms, seq)
         flips = math.nan
         weights = [w for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
         masks = [transposable_24_mask(distributed.full(w) if self.sharded else w) for w in weights]

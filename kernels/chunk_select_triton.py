@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sparse_compile.kernels.activation_mask import _check
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -112,11 +114,7 @@ def vnm_select_chunks(
             f"vnm_select_chunks: pattern {v}:{n}:{m} in chunks of {c} on z {tuple(z.shape)}: needs V % 16 == 0, "
             "M*c a power of two, N in (1, 2, 4), T % V == 0 and h % (M*c) == 0"
         )
-    if seq is not None and (seq < v or seq % v or t % seq):
-        raise ValueError(
-            f"vnm_select_chunks: causal pattern with sequences of {seq} tokens: needs a multiple of V={v} "
-            f"that divides T={t}"
-        )
+    _check(z, v, n, m, c, seq)  # the reference's checks, the causal sequence length among them
     z = z if z.stride(1) == 1 else z.contiguous()
     kc = h * 4 // m
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)

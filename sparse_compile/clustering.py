@@ -20,6 +20,8 @@ as W1[perm], b1[perm], W2[:, perm] it leaves the dense function unchanged.
 import numpy as np
 import torch
 
+from sparse_compile.kernels.activation_mask import vnm_mask
+
 
 def block_mass(h: torch.Tensor, v: int) -> torch.Tensor:
     """Profiles [F, T/V] (float32): the sum of h [T, F] over each block of v tokens."""
@@ -27,6 +29,26 @@ def block_mass(h: torch.Tensor, v: int) -> torch.Tensor:
     if t % v:
         raise ValueError(f"block_mass: token count T={t} is not a multiple of V={v}")
     return h.reshape(t // v, v, f).sum(dim=1, dtype=torch.float32).t()
+
+
+def kept_mass(
+    hs: list[torch.Tensor],
+    pattern: tuple[int, int, int],
+    c: int = 1,
+    perms: list[torch.Tensor | None] | None = None,
+    seq: int | None = None,
+) -> float:
+    """The fraction of sum H that the V:N:M ``pattern`` (chunks of ``c``, causal over sequences of
+    ``seq`` tokens when given) keeps, pooled over the layers' H [T, F] in ``hs``; each taken as
+    ``h[:, perms[i]]`` where a permutation is given (the units in the order the op runs them)."""
+    kept = total = 0.0
+    for i, h in enumerate(hs):
+        f = h.float()
+        p = None if perms is None else perms[i]
+        f = f if p is None else f[:, p.to(f.device)]
+        kept += (f * vnm_mask(f, *pattern, c, seq)).sum().item()
+        total += f.sum().item()
+    return kept / total
 
 
 def _normalized(x: torch.Tensor) -> torch.Tensor:

@@ -102,21 +102,23 @@ class SparsityConfig:
             raise ValueError(f"SparsityConfig.weight_grad_dense_frac={frac!r}: expected a float in [0, 1]")
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise ValueError(f"SparsityConfig.chunk={self.chunk!r}: expected an int >= 1 (units per kept column)")
-        if self.chunk > 1 and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):
+        # chunk, causal and permute act on the blocks of V > 1 tokens of a V:N:M pattern
+        no_blocks = self.activations is None or parse_activation_pattern(self.activations)[0] == 1
+        if self.chunk > 1 and no_blocks:
             raise ValueError(
                 f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1; "
                 f"got activations={self.activations!r}"
             )
         if not isinstance(self.causal, bool):
             raise ValueError(f"SparsityConfig.causal={self.causal!r}: expected True or False")
-        if self.causal and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):
+        if self.causal and no_blocks:
             raise ValueError(
                 f"SparsityConfig.causal=True needs V:N:M activations with V > 1 (2:4 and V = 1 choose per "
                 f"token and are causal already); got activations={self.activations!r}"
             )
         if not isinstance(self.permute, bool):
             raise ValueError(f"SparsityConfig.permute={self.permute!r}: expected True or False")
-        if self.permute and (self.activations is None or parse_activation_pattern(self.activations)[0] == 1):
+        if self.permute and no_blocks:
             raise ValueError(
                 f"SparsityConfig.permute=True needs V:N:M activations with V > 1; got activations={self.activations!r}"
             )

@@ -4,7 +4,7 @@ and leaves a dense FFN's function unchanged; bench.cluster_probe runs on the CPU
 import pytest
 import torch
 
-from sparse_compile.clustering import block_mass, chunk_units, cluster_units, group_chunks
+from sparse_compile.clustering import block_mass, chunk_units, cluster_units, group_chunks, kept_mass
 from sparse_compile.kernels.activation_mask import vnm_mask
 
 
@@ -49,6 +49,16 @@ def test_grouping_raises_kept_mass_of_plain_pattern():
     perm = cluster_units(block_mass(h, 64), m=16)
     assert torch.equal(torch.sort(perm).values, torch.arange(256))
     assert _kept(h, perm, 64, 2, 16, 1) > _kept(h, torch.arange(256), 64, 2, 16, 1) + 0.02
+
+
+def test_kept_mass_pools_permuted_layers():
+    h, _ = _planted()
+    perm = cluster_units(block_mass(h, 64), m=16, c=8)
+    assert kept_mass([h], (64, 2, 16), 8, [perm]) == pytest.approx(_kept(h, perm, 64, 2, 16, 8), rel=1e-6)
+    g = h[:, torch.randperm(256, generator=torch.Generator().manual_seed(5))]
+    pooled = kept_mass([h, g], (64, 2, 16), 8, [perm, None])
+    want = (h[:, perm] * vnm_mask(h[:, perm], 64, 2, 16, 8)).sum() + (g * vnm_mask(g, 64, 2, 16, 8)).sum()
+    assert pooled == pytest.approx((want / (h.sum() + g.sum())).item(), rel=1e-6)
 
 
 def test_balanced_assignment_and_groups_have_exact_sizes():

@@ -37,8 +37,7 @@ def sqrelu_ffn_vnm(
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
     if op.units is not None:
-        units.record(op.units, (v, n, m), op.chunk, x2, w1, b1)
-        w1, b1, w2 = units.permute(w1, b1, w2, units.site_perm(op.units, (v, n, m), op.chunk, x.device))
+        w1, b1, w2 = units.forward_weights(op.units, (v, n, m), op.chunk, x2, w1, b1, w2)
     y, r_c, ids = sqrelu_ffn_forward_gather(
         x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x)
     )

@@ -85,6 +85,13 @@ def record(name: str, pattern: tuple[int, int, int], chunk: int, x2, w1, b1) -> 
         _site(name, pattern, chunk).profiles.append(block_mass(h, pattern[0]).cpu())
 
 
+def forward_weights(name: str, pattern: tuple[int, int, int], chunk: int, x2, w1, b1, w2):
+    """A permuted site's forward: record this call's profiles (while probing), then return
+    (W1[p], b1[p], W2[:, p]) for the site's permutation p."""
+    record(name, pattern, chunk, x2, w1, b1)
+    return permute(w1, b1, w2, site_perm(name, pattern, chunk, x2.device))
+
+
 @contextlib.contextmanager
 def probe_units() -> Iterator[None]:
     """Record activation profiles at every permuted site's forward inside the block (for recluster)."""
