@@ -12,7 +12,14 @@ Per configuration:
   GPU ms/step  a torch.profiler trace of --profile-steps steps, grouped by bench/step_profile.py
                (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, other)
   host side    from the same trace: kernel launches per step, and the CPU ms per step spent inside
-               sparse_compile:: ops (profiled, so longer than unprofiled; for comparing configurations)
+               sparse_compile:: ops (profiled, so longer than unprofiled; for comparing configurations);
+               host.csv: the CPU-side calls with the most self time per step, inside those ops and
+               elsewhere (bench/step_profile.host_calls)
+  --host-profile  a further --profile-steps steps under cProfile, with CUDA's sync debug mode
+               warning on every synchronizing call: host_profile.txt (the syncs, the functions with
+               the most own time)
+Under --compile-mode reduce-overhead the kernels replay from CUDA graphs without their launching
+ops: only attention, optimizer and the GPU total are grouped (the other group columns stay empty).
 Writes e2e.csv (one row per configuration), kernels.csv (the heaviest kernels of each) and
 summary.txt (header, table, the sparse configurations' site reports) to --out.
 
@@ -25,14 +32,20 @@ throughput against one GPU.
 
 import argparse
 import contextlib
+import cProfile
 import csv
 import dataclasses
 import gc
+import io
 import math
+import pstats
 import statistics
 import sys
 import tempfile
 import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,9 +56,12 @@ from bench import distributed
 from bench.data import Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from bench.step_profile import GROUPS, breakdown, host
+from bench.step_profile import GROUPS, breakdown, host, host_calls
 from sparse_compile.config import BackendOptions, options_from_text
 
+# groups that need the launching op: under CUDA graphs their kernels fall in GRAPH_GROUP
+GRAPH_UNGROUPED = ("FFN GEMMs", "other GEMMs", "sparse kernels", "other")
+GRAPH_GROUP = "CUDA graph (not grouped)"
 GPU_CONFIGS = ["dense", "default", "activation24", "weight24", '{"activations": "128:2:16"}']
 DATA_BATCHES = 4  # distinct batches cycled through the steps
 
@@ -69,6 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="timed steps after the warm-up (default: 20; CPU 3)")
     p.add_argument("--warmup", type=int, default=3, help="untimed first steps (compile, autotuning)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps in the profiler trace (CUDA; 0: none)")
+    p.add_argument("--host-profile", action="store_true", help="cProfile --profile-steps more steps: host_profile.txt")
     p.add_argument("--top", type=int, default=12, help="heaviest kernels per configuration in kernels.csv")
     p.add_argument("--out", default="runs/e2e", help="folder for e2e.csv, kernels.csv and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
@@ -120,10 +137,20 @@ def _sites(reports: list) -> str:
     return f"{len(sparse)}/{len(rows)} sparse" + (f": {', '.join(kernels)}" if kernels else "")
 
 
+@dataclasses.dataclass
+class Result:
+    """One configuration at one size (rank 0's view)."""
+
+    row: dict  # e2e.csv
+    kernels: list[dict]  # kernels.csv: the heaviest GPU kernels
+    host_calls: list[dict]  # host.csv: the CPU-side calls with the most self time
+    host_profile: str  # --host-profile's text
+    reports: str  # the site reports
+
+
 def run_one(
     size: str, label: str, args: argparse.Namespace, corpus: Corpus, d: distributed.Dist | None = None
-) -> tuple[dict, list[dict], str]:
-    """(CSV row, heaviest kernels, site reports) of one configuration at one size (rank 0's view)."""
+) -> Result:
     d = d or distributed.Dist()
     device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     gpu = device.type == "cuda"
@@ -182,6 +209,7 @@ def run_one(
         "last_loss": round(loss.item(), 4),
     }
     top: list[dict] = []
+    calls: list[dict] = []
     if gpu and args.profile_steps:
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with tempfile.TemporaryDirectory() as tmp:
@@ -196,13 +224,54 @@ def run_one(
                 row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
                 row["GPU ms"] = round(sum(groups.values()), 2)
                 row.update({k: round(v, 2) for k, v in host(trace, args.profile_steps).items()})
+                if args.compile_mode == "reduce-overhead":
+                    kernels = ungroup_graphs(row, kernels)
                 top = [
                     {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}
                     for g, k, ms in kernels[: args.top]
                 ]
+                calls = [{"size": size, "config": label, **c} for c in host_calls(trace, args.profile_steps, args.top)]
+    profile = host_profile(step, args.profile_steps, sync, gpu) if args.host_profile and d.main else ""
     reports = sparse_compile.compile_reports()[n_reports:]
     row["sites"] = "dense" if label == "dense" else _sites(reports)
-    return row, top, "\n".join(str(r) for r in reports if r.sites)
+    return Result(row, top, calls, profile, "\n".join(str(r) for r in reports if r.sites))
+
+
+def ungroup_graphs(row: dict, kernels: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
+    """Under CUDA graphs kernels replay without their launching ops, so the groups that need one
+    (GRAPH_UNGROUPED) cannot be told apart: blank them in ``row``, put those kernels in GRAPH_GROUP."""
+    row.update({f"{g} ms": "" for g in GRAPH_UNGROUPED})
+    return [(GRAPH_GROUP if g in GRAPH_UNGROUPED else g, k, ms) for g, k, ms in kernels]
+
+
+def host_profile(step: Callable[[int], object], steps: int, sync: Callable[[], None], gpu: bool) -> str:
+    """``steps`` steps under cProfile with CUDA's sync debug mode on: the synchronizing calls (first
+    line of each warning, with its count), the wall ms per step, and the 25 functions with the most
+    own time."""
+    prof = cProfile.Profile()
+    sync()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if gpu:
+            torch.cuda.set_sync_debug_mode("warn")
+        t0 = time.perf_counter()
+        prof.enable()
+        try:
+            for i in range(steps):
+                step(i)
+        finally:
+            prof.disable()
+            if gpu:
+                torch.cuda.set_sync_debug_mode("default")
+        sync()
+        wall = (time.perf_counter() - t0) / max(steps, 1)
+    syncs = Counter(str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower())
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    lines = [f"{steps} steps, {wall * 1e3:.2f} ms per step under cProfile"]
+    lines.append(f"synchronizing calls: {sum(syncs.values())}")
+    lines += [f"  {n} x {msg}" for msg, n in syncs.most_common()]
+    return "\n".join(lines) + "\n" + buf.getvalue()
 
 
 def _fill_baseline(rows: list[dict], path: Path) -> None:
@@ -269,16 +338,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     if d.main:
         print(header, flush=True)
-    rows, tops, reports = [], [], []
+    rows, tops, calls, profiles, reports = [], [], [], [], []
     for size in args.sizes:
         for label in args.configs:
-            row, top, text = run_one(size, label, args, corpus, d)
+            res = run_one(size, label, args, corpus, d)
             gc.collect()  # the last configuration's model and optimizer state, before the next one's
             if args.device == "cuda":
                 torch.cuda.empty_cache()
+            row = res.row
             rows.append(row)
-            tops += top
-            reports.append(f"{size}, {label}:\n{text}" if text else "")
+            tops += res.kernels
+            calls += res.host_calls
+            profiles.append(f"== {size}, {label}\n{res.host_profile}" if res.host_profile else "")
+            reports.append(f"{size}, {label}:\n{res.reports}" if res.reports else "")
             if d.main:
                 print(
                     f"{size} {label}: {row['tokens_per_s']:,} tokens/s, step {row['step_ms']} ms, "
@@ -293,11 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         _fill_baseline(rows, args.baseline)
     write_csv(out / "e2e.csv", [{**r, **env} for r in rows])
-    if tops:
-        write_csv(out / "kernels.csv", tops)
+    written = [out / "e2e.csv", out / "summary.txt"]
+    for name, data in (("kernels.csv", tops), ("host.csv", calls)):
+        if data:
+            write_csv(out / name, data)
+            written.append(out / name)
+    if any(profiles):
+        (out / "host_profile.txt").write_text(f"{header}\n\n" + "\n\n".join(p for p in profiles if p))
+        written.append(out / "host_profile.txt")
     text = table(rows)
     (out / "summary.txt").write_text(f"{header}\n\n{text}\n\n" + "\n\n".join(r for r in reports if r) + "\n")
-    print(f"\n{text}\n\nwrote {out / 'e2e.csv'}, {out / 'summary.txt'}" + (f", {out / 'kernels.csv'}" if tops else ""))
+    print(f"\n{text}\n\nwrote " + ", ".join(str(w) for w in written))
     distributed.teardown(d)
     return 0 if ok else 1
 

@@ -15,7 +15,10 @@ falls into one group:
 
 host() reads the CPU side of the same trace: kernel launches per step, those made inside a
 sparse_compile:: op, and the host time per step spent inside sparse_compile:: ops (the union of
-their spans per thread). With the profiler on, host times run longer than without it.
+their spans per thread). host_calls() splits that time by what spends it: the self time (own span
+minus its children's) of every CPU-side event, per name, inside sparse_compile:: ops or elsewhere;
+a sparse_compile:: op's own self time is the Python around its aten ops and launches. With the
+profiler on, host times run longer than without it.
 """
 
 import json
@@ -31,6 +34,13 @@ _ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
 _OPTIMIZER_KERNEL = re.compile(r"adam|multi_tensor", re.IGNORECASE)
 _OPTIMIZER_OP = re.compile(r"Optimizer\.step|clip_grad|_foreach_")
 _LAUNCH = re.compile(r"LaunchKernel")
+_CPU_SIDE = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+
+
+def _events(trace: dict | str | Path) -> list[dict]:
+    if not isinstance(trace, dict):
+        trace = json.loads(Path(trace).read_text())
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X"]
 
 
 def _dims(args: dict) -> list[int]:
@@ -95,14 +105,12 @@ def breakdown(
 ) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
     """(ms per step of each group in GROUPS, [(group, kernel, ms per step)] heaviest first) from a
     chrome trace (a path or the loaded JSON) of ``steps`` training steps of a model with FFN hidden size ``hidden``."""
-    if not isinstance(trace, dict):
-        trace = json.loads(Path(trace).read_text())
-    events = trace["traceEvents"]
+    events = _events(trace)
     stacks = _launch_stacks(events)
     groups = dict.fromkeys(GROUPS, 0.0)
     kernels: dict[tuple[str, str], float] = defaultdict(float)
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") != "kernel":
+        if e.get("cat") != "kernel":
             continue
         name = e.get("name", "")
         group = classify(name, stacks.get(e.get("args", {}).get("correlation"), []), hidden)
@@ -113,13 +121,53 @@ def breakdown(
     return groups, top
 
 
+def _self_times(items: list[dict], totals: dict[tuple[str, str], list[float]]) -> None:
+    """Add each event's (count, self us) to totals[(where, name)]: one thread's events, nested by span."""
+    open_ops: list[list] = []  # [event, us of its direct children, inside a sparse op]
+    for e in [*sorted(items, key=lambda e: (e["ts"], -e.get("dur", 0))), None]:
+        ts = float("inf") if e is None else e["ts"]
+        while open_ops and open_ops[-1][0]["ts"] + open_ops[-1][0].get("dur", 0) <= ts:
+            done, children, inside = open_ops.pop()
+            t = totals[("sparse op" if inside else "elsewhere", done["name"])]
+            t[0] += 1
+            t[1] += max(0.0, done.get("dur", 0) - children)
+            if open_ops:
+                open_ops[-1][1] += done.get("dur", 0)
+        if e is not None:
+            inside = e["name"].startswith("sparse_compile::") or bool(open_ops and open_ops[-1][2])
+            open_ops.append([e, 0.0, inside])
+
+
+def host_calls(trace: dict | str | Path, steps: int, top: int = 10) -> list[dict]:
+    """The ``top`` CPU-side event names by self time per step, inside sparse_compile:: ops and
+    elsewhere: [{"where": "sparse op" | "elsewhere", "name", "calls per step", "self ms per step"}]."""
+    by_tid: dict[object, list[dict]] = defaultdict(list)
+    for e in _events(trace):
+        if e.get("cat") in _CPU_SIDE:
+            by_tid[e.get("tid")].append(e)
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for items in by_tid.values():
+        _self_times(items, totals)
+    rows = []
+    for where in ("sparse op", "elsewhere"):
+        mine = sorted(((n, c, us) for (w, n), (c, us) in totals.items() if w == where), key=lambda r: -r[2])
+        rows += [
+            {
+                "where": where,
+                "name": n,
+                "calls per step": round(c / steps, 2),
+                "self ms per step": round(us / 1e3 / steps, 4),
+            }
+            for n, c, us in mine[:top]
+        ]
+    return rows
+
+
 def host(trace: dict | str | Path, steps: int) -> dict[str, float]:
     """Per step: 'launches' (kernel launch calls), 'sparse launches' (of those, inside a
     sparse_compile:: op) and 'sparse op host ms' (CPU time inside sparse_compile:: ops, nested and
     overlapping calls counted once per thread)."""
-    if not isinstance(trace, dict):
-        trace = json.loads(Path(trace).read_text())
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    events = _events(trace)
     stacks = _launch_stacks(events)
     launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and _LAUNCH.search(e["name"])]
     in_op = sum(

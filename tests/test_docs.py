@@ -72,26 +72,41 @@ def test_speed_quality_table_is_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    sources = {  # README's options cell -> (e2e CSV, its config, seeds CSV)
-        "default (venom)": ("h100_e2e_1.3b_b4e25c8.csv", "default", "h100_125m_2400steps_seeds_venom_3b6d6d8.csv"),
-        '`{"activations": "128:2:16"}`': (
-            "h100_e2e_1.3b_patterns_bc7247a.csv",
-            '{"activations": "128:2:16"}',
+    causal = '{"activations": "128:4:16", "causal": true}'
+    sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
+        ("default (venom)", "10% / 25%"): (
+            ("h100_e2e_1.3b_b4e25c8.csv", "default"),
+            "h100_125m_2400steps_seeds_venom_3b6d6d8.csv",
+        ),
+        ('`{"activations": "128:2:16"}`', "10% / 25%"): (
+            ("h100_e2e_1.3b_patterns_bc7247a.csv", '{"activations": "128:2:16"}'),
             "h100_125m_2400steps_seeds_128-2-16_3b6d6d8.csv",
         ),
-        '`{"activations": "128:4:16", "causal": true}`': (
-            "h100_e2e_1.3b_patterns_bc7247a.csv",
-            '{"activations": "128:4:16", "causal": true}',
+        (f"`{causal}`", "10% / 25%"): (
+            ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
             "h100_125m_2400steps_seeds_128-4-16-causal_bc7247a.csv",
         ),
+        (f"`{causal}`", "10% / 40%"): (
+            ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
+            "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.4_b64ab84.csv",
+        ),
+        ('`{"activations": "128:4:16", "causal": true, "permute": true}`', "10% / 25%, re-clustered every 100 steps"): (
+            None,
+            "h100_125m_2400steps_seeds_128-4-16-causal-permute_recluster-100_b64ab84.csv",
+        ),
     }
-    table = _table_after(README, "| options | 1.3B step | 125M val vs dense | kept mass |")[2:]
+    header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
+    table = _table_after(README, header)[2:]
     assert len(table) == len(sources)
     for line in table:
         cells = _cells(line)
-        e2e, config, seeds = sources[cells[0]]
-        speedup = next(float(r["speedup"]) for r in csv.DictReader(open(res / e2e)) if r["config"] == config)
-        s = next(r for r in csv.DictReader(open(res / seeds)) if r["seed"] == "summary")
+        e2e, seeds = sources[(cells[0], cells[1])]
+        speedup = "-"
+        if e2e is not None:
+            x = next(float(r["speedup"]) for r in csv.DictReader(open(res / e2e[0])) if r["config"] == e2e[1])
+            speedup = f"{x:.3f}x"
+        rows = list(csv.DictReader(open(res / seeds)))
+        s = next(r for r in rows if r["seed"] == "summary")
         diff = f"{float(s['diff_mean']):+.2%} ± {float(s['diff_se']):.2%}"
-        want = [f"{speedup:.3f}x", diff, f"{float(s['kept_mean']):.3f}"]
-        assert cells[1:] == want, cells[0]
+        want = [speedup, diff, f"{float(s['kept_mean']):.3f}", str(len(rows) - 1)]
+        assert cells[2:] == want, cells[0]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, ungroup_graphs
 from bench.e2e import main as e2e_main
-from bench.step_profile import GROUPS, breakdown, classify, host
+from bench.step_profile import GROUPS, breakdown, classify, host, host_calls
 
 
 def _op(name: str, ts: float, dur: float, tid: int = 1, dims=None) -> dict:
@@ -94,6 +95,46 @@ def test_host_time_counts_nested_and_overlapping_sparse_ops_once():
     assert host({"traceEvents": events}, steps=1)["sparse op host ms"] == (150 + 30) / 1e3
 
 
+def test_host_calls_split_self_time_inside_and_outside_sparse_ops():
+    def call(name: str, ts: float, dur: float, cat: str, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": {}}
+
+    events = []
+    for step in range(2):  # two steps of the same calls, 1000 us apart
+        t = step * 1000
+        events += [
+            call("sparse_compile::sqrelu_ffn_vnm", t, 300, "cpu_op"),  # 300 - 100 - 40 - 20 = 140 own
+            call("aten::empty", t + 10, 100, "cpu_op"),  # 100 - 30 own
+            call("cudaMalloc", t + 20, 30, "cuda_runtime"),  # inside aten::empty
+            call("cuLaunchKernelEx", t + 150, 40, "cuda_driver"),
+            call("cuLaunchKernelEx", t + 200, 20, "cuda_driver"),
+            call("aten::mm", t + 400, 50, "cpu_op"),  # elsewhere: 50 - 10
+            call("cudaLaunchKernel", t + 410, 10, "cuda_runtime"),
+            call("cudaLaunchKernel", t + 500, 5, "cuda_runtime", tid=2),  # another thread, not inside
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": t, "dur": 999, "tid": 7, "args": {}},  # GPU side
+        ]
+    rows = host_calls({"traceEvents": events}, steps=2)
+    got = {(r["where"], r["name"]): (r["calls per step"], r["self ms per step"]) for r in rows}
+    assert got == {
+        ("sparse op", "sparse_compile::sqrelu_ffn_vnm"): (1, 0.14),
+        ("sparse op", "aten::empty"): (1, 0.07),
+        ("sparse op", "cuLaunchKernelEx"): (2, 0.06),
+        ("sparse op", "cudaMalloc"): (1, 0.03),
+        ("elsewhere", "aten::mm"): (1, 0.04),
+        ("elsewhere", "cudaLaunchKernel"): (2, 0.015),
+    }
+    assert [r["name"] for r in rows][:2] == ["sparse_compile::sqrelu_ffn_vnm", "aten::empty"]  # heaviest first
+    assert len(host_calls({"traceEvents": events}, steps=2, top=1)) == 2  # the top one of each side
+
+
+def test_cuda_graph_rows_leave_launch_grouped_columns_empty():
+    row = {f"{g} ms": 1.0 for g in GROUPS} | {"GPU ms": 6.0}
+    kernels = [("FFN GEMMs", "nvjet", 2.0), ("attention", "flash", 1.0), ("other", "triton_poi", 0.5)]
+    got = ungroup_graphs(row, kernels)
+    assert [g for g, _, _ in got] == [GRAPH_GROUP, "attention", GRAPH_GROUP]
+    assert all(row[f"{g} ms"] == "" for g in GRAPH_UNGROUPED) and row["attention ms"] == 1.0 and row["GPU ms"] == 6.0
+
+
 def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
     out = tmp_path / "e2e"
     rc = e2e_main(
@@ -107,6 +148,15 @@ def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
     assert all(float(r["tokens_per_s"]) > 0 and math.isfinite(float(r["last_loss"])) for r in rows)
     assert "sparse_compile report" in (out / "summary.txt").read_text()
     assert {r["compile_mode"] for r in rows} == {"default"}
+    assert not (out / "host_profile.txt").exists()
+
+
+def test_e2e_host_profile_names_the_op_among_the_functions(tmp_path):
+    argv = ["--device", "cpu", "--configs", '{"activations": "64:2:8"}', "--steps", "1", "--warmup", "1"]
+    assert e2e_main([*argv, "--host-profile", "--profile-steps", "2", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "host_profile.txt").read_text()
+    assert "2 steps" in text and "ms per step under cProfile" in text and "synchronizing calls: 0" in text
+    assert "ffn_reference" in text  # the CPU op's own code is among the 25 functions with most own time
 
 
 def test_e2e_compile_mode_reaches_both_compiles(tmp_path, monkeypatch):
