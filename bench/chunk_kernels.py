@@ -6,7 +6,7 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                also the causal form (sequences of S tokens) beside the non-causal chunked kernel
   B2, B4       kernels/chunk_wgrad_triton.py vs cuBLAS on the dense product (dY^T H~ [d, T] x [T, h],
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
-               left at keep 4/M)
+               left at keep 4/M); with --sweep also the B2 kernel's tilings and split-K factors
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
   csr          building the per-chunk block lists (once per step, shared by B2 and B4)
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -38,7 +38,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-SWEEP = [(128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (128, 64, 8, 4), (64, 128, 4, 4), (256, 128, 8, 2)]
+# (BLOCK_D, BLOCK_K, warps, stages, split)
+SWEEP = [
+    (256, 64, 8, 3, 1),
+    (256, 64, 8, 3, 2),
+    (256, 64, 8, 3, 4),
+    (256, 64, 8, 3, 8),
+    (128, 64, 4, 3, 1),
+    (128, 64, 4, 3, 2),
+    (128, 64, 4, 3, 4),
+    (128, 128, 8, 3, 1),
+    (64, 128, 4, 4, 1),
+    (64, 64, 4, 3, 2),
+]
 
 
 def measure(
@@ -84,16 +96,17 @@ def measure(
         ceiling = _ms(lambda a=dense_a[:kred], b=b[:kred]: a.t() @ b)
         rows.append({**label, "kernel": name, "ms": ms, "of ceiling": ceiling / ms, "check": f"rel {err:.1e}",
                      "baseline": "cuBLAS dense", "baseline ms": dense_ms, "ceiling ms": ceiling})  # fmt: skip
-    if sweep:  # tilings of the B2 kernel: (BLOCK_D, BLOCK_K, warps, stages)
-        want = chunk_wgrad(r_c, ids, dy, v, c, h, square=True, transpose=True, csr=csr)
-        for bd, bk, w, st in SWEEP:
+    if sweep:  # tilings of the B2 kernel (SWEEP); the check: relative error against the dense product
+        want = vnm_scatter_ref(r_c * r_c, ids, v, h).t() @ dy
+        for bd, bk, w, st, sp in SWEEP:
             kw = dict(square=True, transpose=True, csr=csr, block_d=bd, block_k=bk, num_warps=w, num_stages=st)
+            kw["split"] = sp
             try:
-                same = torch.equal(chunk_wgrad(r_c, ids, dy, v, c, h, **kw), want)
+                check = f"rel {_rel(chunk_wgrad(r_c, ids, dy, v, c, h, **kw).t(), want):.1e}"
                 ms = _ms(lambda kw=kw: chunk_wgrad(r_c, ids, dy, v, c, h, **kw))
             except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
-                same, ms = f"{type(e).__name__}", float("nan")
-            rows.append({**label, "kernel": f"B2 tiling {bd}x{bk} w{w} s{st}", "ms": ms, "check": same})
+                check, ms = f"{type(e).__name__}", float("nan")
+            rows.append({**label, "kernel": f"B2 tiling {bd}x{bk} w{w} s{st} split {sp}", "ms": ms, "check": check})
     _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
 
     def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice

@@ -109,7 +109,8 @@ def _persistent(t: torch.Tensor, persistent: bool | None) -> bool:
 
 
 @functools.cache
-def _sm_count(index: int | None) -> int:
+def sm_count(index: int | None) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (None: the current one)."""
     index = torch.cuda.current_device() if index is None else index
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -122,7 +123,7 @@ def _grid(rows: int, cols: int, device: torch.device, persistent: bool):
         tiles = triton.cdiv(rows, meta["BLOCK_M"]) * triton.cdiv(cols, meta["BLOCK_N"])
         if not persistent:
             return (tiles,)
-        return (min(tiles, _sm_count(device.index) if device.type == "cuda" else 4),)
+        return (min(tiles, sm_count(device.index) if device.type == "cuda" else 4),)
 
     return grid
 

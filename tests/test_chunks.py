@@ -131,6 +131,38 @@ def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
         chunk_wgrad(r_c, ids, b, v, 8, h)
 
 
+@pytest.mark.parametrize("split", [2, 3, 8])
+def test_weight_grad_kernel_split_k_matches_reference(interpreter, split):
+    """split programs per output tile, each summing its share of the K steps into float32 partials:
+    the same product (8 > the 4 K steps of some chunks: programs with no steps write zeros)."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
+
+    torch.manual_seed(2)
+    t, h, d, v, n, m, c = 128, 256, 40, 32, 2, 8, 16
+    _, r_c, ids = vnm_compact_ref(torch.randn(t, h, dtype=torch.float16), None, v, n, m, c)
+    b = torch.randn(t, d, dtype=torch.float16)
+    for square, transpose in ((True, True), (False, False)):
+        want = chunk_wgrad_ref(r_c, ids, b, v, h, square=square).float()
+        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, split=split)
+        assert got.dtype == torch.float16 and got.is_contiguous()
+        got = got.t().float() if transpose else got.float()
+        assert (got - want).norm() / want.norm() < 2e-3
+        one = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, split=1)
+        assert (got - (one.t() if transpose else one).float()).abs().max() <= 2e-3 * want.abs().max()
+    with pytest.raises(ValueError, match="split=0"):
+        chunk_wgrad(r_c, ids, b, v, c, h, split=0)
+
+
+def test_split_is_the_smallest_power_of_two_with_four_programs_per_sm(monkeypatch):
+    import sparse_compile.kernels.chunk_wgrad_triton as cw
+
+    monkeypatch.setattr(cw, "sm_count", lambda index: 132)  # an H100
+    cuda = torch.device("cuda")
+    # (d, h) = (1024, 4096), c = 64, BLOCK_D = 256: 64 x 4 = 256 tiles -> 4; 1.3B (2048, 8192): 1024 -> 1
+    assert [cw.split_for(tiles, cuda) for tiles in (256, 1024, 144, 1, 528, 527)] == [4, 1, 4, 8, 1, 2]
+    assert cw.split_for(1, torch.device("cpu")) == 1
+
+
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
 def test_compiled_model_matches_oracle(interpreter, kernels):
     """torch.compile(backend='sparse') with chunks: reference op on CPU, or the gather path with the

@@ -146,7 +146,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
         label = f"chunk select M={m} c={c}" + (" causal" if causal else "")
         cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
-    for c, square in ((32, True), (64, False), (16, False)):
+    for c, square, split in ((32, True, 1), (64, False, 1), (16, False, 1), (64, True, 4)):
         ce = {
             "C": c,
             "BLOCK_D": 128,
@@ -156,12 +156,14 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             "EVEN_D": True,
             "I64": False,
             "IEEE": False,
+            "SPLIT": split,
         }
         names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE"
-        types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT"
+        types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16" if split == 1 else "*fp32"}
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
-        cases.append((f"chunk wgrad c={c}", chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
+        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
+        cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
     return cases
 
 

@@ -51,6 +51,24 @@ def test_chunk_wgrad_matches_the_dense_product(c, square, transpose):
     assert _rel(got.t() if transpose else got, want) < 1e-2
 
 
+@pytest.mark.parametrize("split", [None, 1, 2, 8])
+@pytest.mark.parametrize("square,transpose", [(True, True), (False, False)], ids=["B2", "B4"])
+def test_chunk_wgrad_split_k_at_the_350m_shape(split, square, transpose):
+    """(T, d, h) = (16384, 1024, 4096), c = 64: 256 output tiles, where split-K applies (None: the
+    default rule, 4 on an H100); every split gives the dense product."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
+
+    t, h, d, c = 16384, 4096, 1024, 64
+    g = torch.Generator(device="cuda").manual_seed(7)
+    _, r_c, ids = vnm_compact_ref(torch.randn(t, h, device="cuda", generator=g).bfloat16(), None, 128, 4, 16, c)
+    b = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    _poison()
+    got = chunk_wgrad(r_c, ids, b, 128, c, h, square=square, transpose=transpose, split=split)
+    want = chunk_wgrad_ref(r_c, ids, b, 128, h, square=square)
+    assert torch.isfinite(got).all()
+    assert _rel(got.t() if transpose else got, want) < 1e-2
+
+
 @pytest.mark.parametrize("chunk", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
