@@ -11,6 +11,8 @@ is not started with less than --min-seconds left (compiling alone takes about a 
 A process overruns the limit by its start-up (imports), its last step and its checkpoint write:
 give --time-limit about a minute less than the caller's own limit.
 Arguments after `--` go to every bench.train process, unchanged between calls (--resume checks).
+A --sparsity value may carry its own bench.train arguments after ' -- ' (one arm of a schedule
+sweep): '{"activations": "128:4:16", "causal": true} -- --final-dense-frac 0.4'.
 
 When every seed of a configuration and of the dense runs has finished, prints bench.seeds' paired
 table of that configuration and writes OUT/<arm>_seeds.csv.
@@ -21,6 +23,7 @@ table of that configuration and writes OUT/<arm>_seeds.csv.
 
 import argparse
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -32,6 +35,12 @@ from tabulate import tabulate
 from bench import checkpoint, seeds
 from bench.data import Corpus
 from bench.train import parse_args as train_args
+
+
+def split_arm(text: str) -> tuple[str, list[str]]:
+    """'CONFIG -- ARGS' -> (CONFIG, ARGS split as a shell would); 'CONFIG' -> (CONFIG, [])."""
+    config, _, extra = text.partition(" -- ")
+    return config.strip(), shlex.split(extra)
 
 
 def arm_name(sparsity: str) -> str:
@@ -70,7 +79,10 @@ class Job:
 def jobs_of(args: argparse.Namespace) -> tuple[list[Job], dict[str, list[Path]]]:
     """Every (arm, seed) job, and each arm's folders by seed (the dense arm's included)."""
     jobs, folders = [], {}
-    arms = [(arm_name(s), ["--runs", "sparse", "--sparsity", s]) for s in args.sparsity]
+    arms = []
+    for text in args.sparsity:
+        config, extra = split_arm(text)
+        arms.append((arm_name(text), ["--runs", "sparse", "--sparsity", config, *extra]))
     if not args.dense:
         arms.insert(0, ("dense", ["--runs", "dense"]))
     for arm, argv in arms:
@@ -112,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     own, train = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--sparsity", action="append", required=True, help="a configuration (bench.train --sparsity)")
+    p.add_argument(
+        "--sparsity",
+        action="append",
+        required=True,
+        help="a configuration (bench.train --sparsity), then optionally ' -- ' and the arm's own bench.train arguments",
+    )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument("--dense", nargs="+", type=Path, help="finished dense bench.train folders, one per seed")
     p.add_argument("--parallel", type=int, default=5, help="processes at a time (5 x 125M fit on one H100)")
@@ -129,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dense: {len(args.dense)} folders for {len(args.seeds)} seeds (need one each)")
     if args.parallel < 1 or not args.time_limit > 0:
         p.error(f"--parallel {args.parallel}, --time-limit {args.time_limit}: expected >= 1 and > 0")
+    if len({arm_name(s) for s in args.sparsity}) != len(args.sparsity):
+        p.error(f"--sparsity {args.sparsity}: two arms with the same folder name")
     for s in args.sparsity:  # bench.train's own checks, before any process starts
-        checked = train_args(["--sparsity", s, *train])
+        config, extra = split_arm(s)
+        checked = train_args(["--sparsity", config, *extra, *train])
     Corpus.load(checked.data_dir, source=checked.corpus)  # built once, before the processes read it
     jobs, folders = jobs_of(args)
     run(jobs, args.parallel, args.time_limit, args.min_seconds)

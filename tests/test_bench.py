@@ -370,3 +370,31 @@ def test_sweep_stops_resumes_and_tables_each_configuration(tmp_path):
     rows = list(csv.DictReader(open(out / "activations-64-2-8_seeds.csv")))
     assert rows[-1]["seed"] == "summary" and math.isfinite(float(rows[0]["sparse"]))
     assert float(rows[0]["dense"]) != float(rows[0]["sparse"])
+
+
+def test_sweep_arm_with_its_own_train_arguments(tmp_path):
+    """A --sparsity value with ' -- ARGS': its jobs get ARGS before the shared ones, its folder name
+    says so, and two arms that differ only in ARGS are two arms."""
+    import argparse
+
+    from bench.sweep import jobs_of, split_arm
+
+    causal = '{"activations": "128:4:16", "causal": true}'
+    assert split_arm(f"{causal} -- --final-dense-frac 0.4") == (causal, ["--final-dense-frac", "0.4"])
+    assert split_arm("venom") == ("venom", [])
+    args = argparse.Namespace(
+        sparsity=[causal, f"{causal} -- --final-dense-frac 0.4"],
+        seeds=[0],
+        dense=[tmp_path / "d0"],
+        out=tmp_path,
+        train=["--steps", "8"],
+    )
+    jobs, folders = jobs_of(args)
+    assert [j.folder.name for j in jobs] == [
+        "activations-128-4-16-causal-true_s0",
+        "activations-128-4-16-causal-true-final-dense-frac-0-4_s0",
+    ]
+    own = ["--runs", "sparse", "--sparsity", causal, "--final-dense-frac", "0.4"]
+    assert jobs[1].argv == [*own, "--seed", "0", "--no-progress", "--steps", "8"]  # the shared arguments last
+    assert jobs[0].argv == [*own[:4], "--seed", "0", "--no-progress", "--steps", "8"]
+    assert folders["dense"] == [tmp_path / "d0"]
