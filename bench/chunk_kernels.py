@@ -8,7 +8,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
                left at keep 4/M); with --sweep also the B2 kernel's tilings and split-K factors
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
-  csr          building the per-chunk block lists (once per step, shared by B2 and B4)
+  csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
+               kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
 the dense product, relative error). --csv writes the rows with device, versions and revision.
 """
@@ -25,7 +26,7 @@ from bench.gpu_timing import start_gpu_bench
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
-from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_csr_ref, chunk_wgrad
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
@@ -81,7 +82,9 @@ def measure(
     kc = h_c.shape[1]
     keep = kc / h
     csr = chunk_csr(ids, c, h)
-    rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": True})
+    same = all(torch.equal(a, b) for a, b in zip(csr, chunk_csr_ref(ids, c, h), strict=True))
+    rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": same,
+                 "baseline": "torch (9 launches)", "baseline ms": _ms(lambda: chunk_csr_ref(ids, c, h))})  # fmt: skip
     dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
     for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
         got = chunk_wgrad(a, ids, b, v, c, h, square=square, transpose=transpose, csr=csr)

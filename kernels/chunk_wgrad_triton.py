@@ -12,7 +12,8 @@ scatter does) and B = dY; B4 = dW1 = dZ~^T X is out with A = dz_c and B = X. No 
 formed: the scatters that fed the dense B2/B4 are gone, and the GEMMs do keep-fraction x the work.
 
 Layout: ``chunk_csr`` lists, for each chunk, the (block, compact column) pairs that hold it
-(a stable sort of the chunk ids of ids[:, ::c]; O(T/V x Kc/c) elements). One program computes a
+(E = T/V x Kc/c entries, grouped by chunk, blocks ascending; one launch, ``chunk_csr_ref`` the
+torch reference). One program computes a
 [BLOCK_D, c] tile of out^T for one chunk, its K loop running over that chunk's blocks in V/BLOCK_K
 steps; dense tensor cores (M = BLOCK_D, N = c). Reference: ``chunk_wgrad_ref`` (scatter, then a
 dense product in float32).
@@ -20,9 +21,9 @@ dense product in float32).
 Split-K: the grid has h/c x D/BLOCK_D programs, 256 at (d, h) = (1024, 4096) against 132 SMs on an
 H100, each walking ~T/V x keep x V/BLOCK_K = 64 serial K steps at T = 16384, keep 1/4. With
 ``split`` S > 1 each (chunk, D tile) is shared by S programs, each taking 1/S of its K steps and
-writing its float32 partial to [S, ...]; the partials are summed in a fixed order (deterministic)
-and rounded once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024,
-4096): ~0.04 ms at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at
+writing its float32 partial to [S, ...]; one more launch sums the partials in a fixed order
+(deterministic) and rounds once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at
+S = 4, (1024, 4096): ~0.04 ms at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at
 least 4 programs per SM.
 """
 
@@ -36,9 +37,10 @@ from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def chunk_csr_ref(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(offsets int32 [h/c + 1], blocks int32 [E], cols int32 [E]): chunk j is held by block
-    blocks[e] at compact column cols[e], for e in [offsets[j], offsets[j + 1]), blocks ascending."""
+    blocks[e] at compact column cols[e], for e in [offsets[j], offsets[j + 1]), blocks ascending
+    (a stable sort of the chunk ids of ids[:, ::c]; nine torch launches)."""
     nb, kc = ids.shape
     chunks = (ids[:, ::c] // c).reshape(-1)  # [nb * kc/c]
     keys, order = torch.sort(chunks, stable=True)
@@ -46,6 +48,51 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
     offsets = torch.searchsorted(keys, torch.arange(h // c + 1, device=ids.device, dtype=keys.dtype), out_int32=True)
     per_block = kc // c
     return offsets, (order // per_block).to(torch.int32), ((order % per_block) * c).to(torch.int32)
+
+
+@triton.jit
+def _chunk_csr_kernel(
+    ids_ptr, offsets_ptr, blocks_ptr, cols_ptr, E, stride_ids,
+    PER_BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Program j: offsets[j] = #entries (block, slot) whose chunk is < j; then chunk j's entries in
+    entry order (blocks ascending) at offsets[j].. . Two reads of the E = T/V x Kc/c chunk ids."""
+    j = tl.program_id(0)
+    lanes = tl.arange(0, BLOCK_E)
+    below = 0
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + lanes
+        ch = tl.load(ids_ptr + (e // PER_BLOCK) * stride_ids + (e % PER_BLOCK) * C, mask=e < E, other=0) // C
+        below += tl.sum(((ch < j) & (e < E)).to(tl.int32))
+    tl.store(offsets_ptr + j, below)
+    if j == 0:
+        tl.store(offsets_ptr + tl.num_programs(0), E)
+    at = below
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + lanes
+        ch = tl.load(ids_ptr + (e // PER_BLOCK) * stride_ids + (e % PER_BLOCK) * C, mask=e < E, other=-1) // C
+        hit = (ch == j) & (e < E)
+        pos = at + tl.cumsum(hit.to(tl.int32), 0) - 1
+        tl.store(blocks_ptr + pos, (e // PER_BLOCK).to(tl.int32), mask=hit)
+        tl.store(cols_ptr + pos, ((e % PER_BLOCK) * C).to(tl.int32), mask=hit)
+        at += tl.sum(hit.to(tl.int32))
+
+
+def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``chunk_csr_ref`` in one Triton launch (one program per chunk; equal outputs)."""
+    nb, kc = ids.shape
+    if ids.dtype != torch.int32 or kc % c or h % c or ids.stride(1) != 1:
+        raise ValueError(f"chunk_csr: ids {tuple(ids.shape)} {ids.dtype} (int32, unit stride), c={c}, h={h}")
+    per_block = kc // c
+    e = nb * per_block
+    offsets = torch.empty(h // c + 1, device=ids.device, dtype=torch.int32)
+    blocks = torch.empty(e, device=ids.device, dtype=torch.int32)
+    cols = torch.empty(e, device=ids.device, dtype=torch.int32)
+    block_e = min(1024, triton.next_power_of_2(max(e, 16)))
+    _chunk_csr_kernel[(h // c,)](
+        ids, offsets, blocks, cols, e, ids.stride(0), PER_BLOCK=per_block, C=c, BLOCK_E=block_e, num_warps=4
+    )
+    return offsets, blocks, cols
 
 
 @triton.jit
@@ -161,9 +208,21 @@ def chunk_wgrad(
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
         I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if split > 1:
-        out.copy_(dst.sum(0))  # the partials summed in a fixed order, rounded once
+    if split > 1:  # the partials summed in a fixed order, rounded once: one launch
+        n = out.numel()
+        _sum_partials_kernel[(triton.cdiv(n, 2048),)](dst, out, n, SPLIT=split, BLOCK=2048, num_warps=4)
     return out
+
+
+@triton.jit
+def _sum_partials_kernel(part_ptr, out_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = sum over s of part[s, i] (float32, s ascending), rounded to out's dtype."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + s * n.to(tl.int64) + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def split_for(tiles: int, device: torch.device, per_sm: int = 4, most: int = 8) -> int:

@@ -131,6 +131,25 @@ def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
         chunk_wgrad(r_c, ids, b, v, 8, h)
 
 
+@pytest.mark.parametrize("t,v,m,c,h", [(128, 32, 8, 16, 512), (4096, 16, 8, 16, 1024), (512, 16, 16, 32, 2048)])
+def test_chunk_csr_kernel_equals_the_torch_reference(interpreter, t, v, m, c, h):
+    """One launch instead of nine: the same offsets, blocks and columns (E = T/V x Kc/c entries:
+    64, 2048 (two BLOCK_E tiles) and 512), including chunks no block kept."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_csr_ref
+
+    g = torch.Generator().manual_seed(t + c)
+    z = torch.randn(t, h, generator=g)
+    z[:, : 4 * c] += 3.0  # the first chunks are kept by every block; with M*c < h some are never kept
+    _, _, ids = vnm_compact_ref(z, None, v, 2, m, c)
+    got, want = chunk_csr(ids, c, h), chunk_csr_ref(ids, c, h)
+    for name, a, b in zip(("offsets", "blocks", "cols"), got, want, strict=True):
+        assert a.dtype == torch.int32 and torch.equal(a, b), name
+    counts = want[0].diff()  # the boosted chunks: kept by all T/V blocks; their group's others: by none
+    assert counts.max() == t // v and (counts == 0).any()
+    with pytest.raises(ValueError, match="int32"):
+        chunk_csr(ids.long(), c, h)
+
+
 @pytest.mark.parametrize("split", [2, 3, 8])
 def test_weight_grad_kernel_split_k_matches_reference(interpreter, split):
     """split programs per output tile, each summing its share of the K steps into float32 partials:

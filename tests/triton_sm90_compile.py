@@ -164,6 +164,14 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
+    ce = {"PER_BLOCK": 16, "C": 64, "BLOCK_E": 1024}
+    types = {k: "*i32" for k in ("ids_ptr", "offsets_ptr", "blocks_ptr", "cols_ptr")}
+    names = "ids_ptr offsets_ptr blocks_ptr cols_ptr E stride_ids PER_BLOCK C BLOCK_E"
+    cases.append(("chunk csr", chunk_wgrad._chunk_csr_kernel, _sig(names, ce, types), ce))
+    ce = {"SPLIT": 4, "BLOCK": 2048}
+    types = {"part_ptr": "*fp32", "out_ptr": "*bf16"}
+    sig = _sig("part_ptr out_ptr n SPLIT BLOCK", ce, types)
+    cases.append(("sum partials", chunk_wgrad._sum_partials_kernel, sig, ce))
     return cases
 
 
@@ -175,6 +183,7 @@ VECTORIZED = (
     "transposable 2:4 pairs",
     "gather",
     "transpose",
+    "sum partials",
 )
 # The selection kernel's second pass reads only the 4 kept columns of each M-group (a gather at the
 # ids, 4 scalar loads per group and row, all inside the group's 32-byte sector).

@@ -51,6 +51,17 @@ def test_chunk_wgrad_matches_the_dense_product(c, square, transpose):
     assert _rel(got.t() if transpose else got, want) < 1e-2
 
 
+@pytest.mark.parametrize("h,c", [(4096, 64), (8192, 64), (8192, 32), (12288, 64)])
+def test_chunk_csr_kernel_equals_torch_at_full_size(h, c):
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_csr_ref
+
+    g = torch.Generator(device="cuda").manual_seed(h + c)
+    _, _, ids = vnm_compact_ref(torch.randn(16384, h, device="cuda", generator=g).bfloat16(), None, 128, 4, 16, c)
+    _poison()
+    for name, a, b in zip(("offsets", "blocks", "cols"), chunk_csr(ids, c, h), chunk_csr_ref(ids, c, h), strict=True):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("split", [None, 1, 2, 8])
 @pytest.mark.parametrize("square,transpose", [(True, True), (False, False)], ids=["B2", "B4"])
 def test_chunk_wgrad_split_k_at_the_350m_shape(split, square, transpose):
