@@ -86,14 +86,15 @@ def measure(
     rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": same,
                  "baseline": "torch (9 launches)", "baseline ms": _ms(lambda: chunk_csr_ref(ids, c, h))})  # fmt: skip
     dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
-    for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
-        got = chunk_wgrad(a, ids, b, v, c, h, square=square, transpose=transpose, csr=csr)
+    # B2 as the op runs it; B4 with db1 from its loads (bias_grad), as the op runs it
+    for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4 + db1", dz_c, x, False, False)):
+        kw = dict(square=square, transpose=transpose, csr=csr, bias_grad=not square)
+        got = chunk_wgrad(a, ids, b, v, c, h, **kw)
+        got = got if square else got[0]
         dense_a = vnm_scatter_ref(a * a if square else a, ids, v, h)
         want = dense_a.t() @ b
         err = _rel(got.t() if transpose else got, want)
-        ms = _ms(
-            lambda a=a, b=b, s=square, tr=transpose: chunk_wgrad(a, ids, b, v, c, h, square=s, transpose=tr, csr=csr)
-        )
+        ms = _ms(lambda a=a, b=b, kw=kw: chunk_wgrad(a, ids, b, v, c, h, **kw))
         dense_ms = _ms(lambda a=dense_a, b=b: a.t() @ b)
         kred = int(t * keep)
         ceiling = _ms(lambda a=dense_a[:kred], b=b[:kred]: a.t() @ b)

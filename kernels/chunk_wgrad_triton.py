@@ -97,11 +97,13 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
 
 @triton.jit
 def _chunk_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
+    a_ptr, b_ptr, out_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, DB: tl.constexpr,
 ):  # fmt: skip
+    """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H (+ H with DB)]: each split's partial product,
+    then (DB) its partial column sums of A; with SPLIT = 1, out and db_ptr in the output dtype."""
     chunk = tl.program_id(0)
     dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
@@ -116,6 +118,7 @@ def _chunk_wgrad_kernel(
         i0 = tl.program_id(2) * share
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((BLOCK_D, C), dtype=tl.float32)
+    colsum = tl.zeros((C,), dtype=tl.float32)
     # one flat loop over (kept block, K step), so the loads of the next step are issued under this
     # step's dot (the index loads cost a pipeline stage, as in gather_k)
     for i in range(i0, n_iter):
@@ -126,6 +129,8 @@ def _chunk_wgrad_kernel(
         a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
         if SQUARE:
             a = (a.to(tl.float32) * a.to(tl.float32)).to(a_ptr.dtype.element_ty)  # H~ = R~^2, one rounding
+        if DB:  # db[u] = sum over tokens of the scattered A's column u
+            colsum += tl.sum(a.to(tl.float32), axis=0)
         if EVEN_D:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
         else:
@@ -139,9 +144,19 @@ def _chunk_wgrad_kernel(
         dst = dd[:, None].to(tl.int64) * H + units[None, :]
     else:  # out [H, D]
         dst = units[None, :].to(tl.int64) * D + dd[:, None]
-    if SPLIT > 1:  # out is the float32 partials [SPLIT, ...]
-        dst += tl.program_id(2).to(tl.int64) * D * H
+    if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H (+ H)]
+        part = D * H
+        if DB:
+            part += H
+        base = tl.program_id(2).to(tl.int64) * part
+        dst += base
     tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
+    if DB:
+        if tl.program_id(1) == 0:
+            if SPLIT > 1:
+                tl.store(out_ptr + base + D * H + units, colsum)
+            else:
+                tl.store(db_ptr + units, colsum.to(db_ptr.dtype.element_ty))
 
 
 def chunk_wgrad_supports(v: int, c: int) -> bool:
@@ -176,11 +191,13 @@ def chunk_wgrad(
     num_warps: int | None = None,
     num_stages: int = 3,
     split: int | None = None,
-) -> torch.Tensor:
+    bias_grad: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
-    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for)."""
+    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
+    ``bias_grad``: also db [h] = scatter(a).sum(0) (B4's db1, from the same loads): (out, db)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -189,6 +206,7 @@ def chunk_wgrad(
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
+    db = torch.empty(h, device=a.device, dtype=a.dtype) if bias_grad else out
     # H100, c = 64, bench.chunk_kernels --sweep: BLOCK_D 256, 8 warps 1.834 ms at (16384, 4096, 16384),
     # against 2.001 for 128 / 4 warps; 0.462 vs 0.497 ms at (16384, 2048, 8192)
     cuda = a.device.type == "cuda"
@@ -202,27 +220,31 @@ def chunk_wgrad(
     split = split_for(tiles, a.device) if split is None else split
     if split < 1:
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
-    dst = out if split == 1 else torch.empty((split, *out.shape), device=a.device, dtype=torch.float32)
+    part = out.numel() + (h if bias_grad else 0)
+    dst = out if split == 1 else torch.empty((split, part), device=a.device, dtype=torch.float32)
     _chunk_wgrad_kernel[(h // c, triton.cdiv(d, block_d), split)](
-        a, b, dst, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
+        a, b, dst, db, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, num_warps=num_warps, num_stages=num_stages,
+        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, DB=bias_grad, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch
-        n = out.numel()
-        _sum_partials_kernel[(triton.cdiv(n, 2048),)](dst, out, n, SPLIT=split, BLOCK=2048, num_warps=4)
-    return out
+        _sum_partials_kernel[(triton.cdiv(part, 2048),)](
+            dst, out, db, out.numel(), part, SPLIT=split, BLOCK=2048, num_warps=4
+        )
+    return (out, db) if bias_grad else out
 
 
 @triton.jit
-def _sum_partials_kernel(part_ptr, out_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """out[i] = sum over s of part[s, i] (float32, s ascending), rounded to out's dtype."""
+def _sum_partials_kernel(part_ptr, out_ptr, db_ptr, n, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """x[i] = sum over s of part[s, i] (float32 [SPLIT, total], s ascending), rounded to the output
+    dtype: x = out [n] for i < n, then db [total - n]."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
+    ok = i < total
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT):
-        acc += tl.load(part_ptr + s * n.to(tl.int64) + i, mask=ok, other=0.0)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+        acc += tl.load(part_ptr + s * total.to(tl.int64) + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=i < n)
+    tl.store(db_ptr + (i - n), acc.to(db_ptr.dtype.element_ty), mask=ok & (i >= n))
 
 
 def split_for(tiles: int, device: torch.device, per_sm: int = 4, most: int = 8) -> int:

@@ -10,8 +10,8 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
   B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand (or the
   B4  dW1 = scatter(dZ_c)^T X           token-dim approximation, kernels/weight_grad_gather.py)
 With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
-and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py): no
-scatter, no [T, h] tensor, keep-fraction x the dense work.
+and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py; db1 from
+B4's loads): no scatter, no [T, h] tensor, keep-fraction x the dense work.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
@@ -110,9 +110,9 @@ def sqrelu_ffn_backward_gather(
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
         dw2 = chunk_wgrad(r_c, ids, dy, v, chunk, hidden, square=True, transpose=True, csr=csr)
-        dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
+        dw1, db1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, bias_grad=True)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
-        return dx, dw1, _db1(dz_c, ids, v, hidden), dw2, dy.sum(0)
+        return dx, dw1, db1, dw2, dy.sum(0)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h

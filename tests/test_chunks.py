@@ -10,6 +10,7 @@ import torch
 
 from sparse_compile import SparsityConfig
 from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
+from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
 PATTERNS = [(32, 2, 8, 16), (16, 1, 4, 32), (32, 4, 8, 16), (64, 2, 16, 16)]  # (V, N, M, c)
 
@@ -168,6 +169,13 @@ def test_weight_grad_kernel_split_k_matches_reference(interpreter, split):
         assert (got - want).norm() / want.norm() < 2e-3
         one = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, split=1)
         assert (got - (one.t() if transpose else one).float()).abs().max() <= 2e-3 * want.abs().max()
+    # db = the scattered operand's column sums, from the same loads (B4's db1), split or not
+    dense = vnm_scatter_ref(r_c, ids, v, h).float()
+    for sp in (1, split):
+        dw, db = chunk_wgrad(r_c, ids, b, v, c, h, split=sp, bias_grad=True)
+        assert db.shape == (h,) and db.dtype == torch.float16
+        assert torch.allclose(db.float(), dense.sum(0), rtol=2e-3, atol=2e-3)
+        assert (dw.float() - dense.t() @ b.float()).norm() / (dense.t() @ b.float()).norm() < 2e-3
     with pytest.raises(ValueError, match="split=0"):
         chunk_wgrad(r_c, ids, b, v, c, h, split=0)
 

@@ -8,6 +8,7 @@ import torch
 from sparse_compile import SparsityConfig
 from sparse_compile.dispatch import GATHER
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
+from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel, train_gpt
@@ -66,7 +67,7 @@ def test_chunk_csr_kernel_equals_torch_at_full_size(h, c):
 @pytest.mark.parametrize("square,transpose", [(True, True), (False, False)], ids=["B2", "B4"])
 def test_chunk_wgrad_split_k_at_the_350m_shape(split, square, transpose):
     """(T, d, h) = (16384, 1024, 4096), c = 64: 256 output tiles, where split-K applies (None: the
-    default rule, 4 on an H100); every split gives the dense product."""
+    default rule, 4 on an H100); every split gives the dense product, and B4's db1 its column sums."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
 
     t, h, d, c = 16384, 4096, 1024, 64
@@ -78,6 +79,11 @@ def test_chunk_wgrad_split_k_at_the_350m_shape(split, square, transpose):
     want = chunk_wgrad_ref(r_c, ids, b, 128, h, square=square)
     assert torch.isfinite(got).all()
     assert _rel(got.t() if transpose else got, want) < 1e-2
+    if not square:  # B4 with db1 from the same loads
+        _poison()
+        dw, db = chunk_wgrad(r_c, ids, b, 128, c, h, split=split, bias_grad=True)
+        assert torch.equal(dw, got)
+        assert _rel(db, vnm_scatter_ref(r_c, ids, 128, h).float().sum(0)) < 1e-2
 
 
 @pytest.mark.parametrize("chunk", [32, 64])
