@@ -11,20 +11,19 @@ B2 = dW2 = dY^T H~ is out^T with A = r_c squared (H~ = R~^2, rounded once to the
 scatter does) and B = dY; B4 = dW1 = dZ~^T X is out with A = dz_c and B = X. No [T, h] operand is
 formed: the scatters that fed the dense B2/B4 are gone, and the GEMMs do keep-fraction x the work.
 
-Layout: ``chunk_csr`` lists, for each chunk, the (block, compact column) pairs that hold it
-(E = T/V x Kc/c entries, grouped by chunk, blocks ascending; one launch, ``chunk_csr_ref`` the
-torch reference). One program computes a
-[BLOCK_D, c] tile of out^T for one chunk, its K loop running over that chunk's blocks in V/BLOCK_K
-steps; dense tensor cores (M = BLOCK_D, N = c). Reference: ``chunk_wgrad_ref`` (scatter, then a
-dense product in float32).
+Layout: ``chunk_csr`` lists, for each chunk, the (block, compact column) pairs that hold it (E = T/V
+x Kc/c entries, grouped by chunk, blocks ascending; one launch, ``chunk_csr_ref`` the torch
+reference). One program computes a [BLOCK_D, c] tile of out^T for one chunk, its K loop running over
+that chunk's blocks in V/BLOCK_K steps; dense tensor cores (M = BLOCK_D, N = c). Reference:
+``chunk_wgrad_ref`` (scatter, then a dense product in float32).
 
 Split-K: the grid has h/c x D/BLOCK_D programs, 256 at (d, h) = (1024, 4096) against 132 SMs on an
 H100, each walking ~T/V x keep x V/BLOCK_K = 64 serial K steps at T = 16384, keep 1/4. With
 ``split`` S > 1 each (chunk, D tile) is shared by S programs, each taking 1/S of its K steps and
 writing its float32 partial to [S, ...]; one more launch sums the partials in a fixed order
-(deterministic) and rounds once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at
-S = 4, (1024, 4096): ~0.04 ms at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at
-least 4 programs per SM.
+(deterministic) and rounds once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S =
+4, (1024, 4096): ~0.04 ms at 3 TB/s). By default S is the smallest power of two (at most 8) that
+gives at least 4 programs per SM.
 """
 
 import torch
@@ -40,7 +39,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def chunk_csr_ref(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(offsets int32 [h/c + 1], blocks int32 [E], cols int32 [E]): chunk j is held by block
     blocks[e] at compact column cols[e], for e in [offsets[j], offsets[j + 1]), blocks ascending
-    (a stable sort of the chunk ids of ids[:, ::c]; nine torch launches)."""
+    (a stable sort of the chunk ids of ids[:, ::c]; about ten torch launches)."""
     nb, kc = ids.shape
     chunks = (ids[:, ::c] // c).reshape(-1)  # [nb * kc/c]
     keys, order = torch.sort(chunks, stable=True)
@@ -197,7 +196,8 @@ def chunk_wgrad(
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
     ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
-    ``bias_grad``: also db [h] = scatter(a).sum(0) (B4's db1, from the same loads): (out, db)."""
+    ``bias_grad``: also db [h] = scatter(a).sum(0) (of a*a with ``square``; B4's db1, from the same
+    loads): returns (out, db)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
