@@ -17,13 +17,14 @@ reference). One program computes a [BLOCK_D, c] tile of out^T for one chunk, its
 that chunk's blocks in V/BLOCK_K steps; dense tensor cores (M = BLOCK_D, N = c). Reference:
 ``chunk_wgrad_ref`` (scatter, then a dense product in float32).
 
-Split-K: the grid has h/c x D/BLOCK_D programs, 256 at (d, h) = (1024, 4096) against 132 SMs on an
-H100, each walking ~T/V x keep x V/BLOCK_K = 64 serial K steps at T = 16384, keep 1/4. With
-``split`` S > 1 each (chunk, D tile) is shared by S programs, each taking 1/S of its K steps and
-writing its float32 partial to [S, ...]; one more launch sums the partials in a fixed order
-(deterministic) and rounds once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S =
-4, (1024, 4096): ~0.04 ms at 3 TB/s). By default S is the smallest power of two (at most 8) that
-gives at least 4 programs per SM.
+Split-K: the grid has h/c x D/BLOCK_D programs, 256 at (d, h) = (1024, 4096): one wave at two
+programs per SM, so a call lasts as long as the chunk kept by the most blocks (K steps per chunk
+vary with how often it is kept; ~64 on average at T = 16384, keep 1/4). With ``split`` S > 1 each
+(chunk, D tile) is shared by S programs, each taking 1/S of its K steps and writing its float32
+partial to [S, ...]; one more launch sums the partials in a fixed order (deterministic) and rounds
+once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024, 4096): ~0.04 ms
+at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at least 4 programs
+per SM.
 """
 
 import torch
