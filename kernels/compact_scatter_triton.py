@@ -7,6 +7,11 @@ One program writes a [ROWS, BLOCK_G * M] tile of D (ROWS divides V, so one id se
 zeros included: no memset pass, and every store is a contiguous row segment. Column j of group g
 takes the compact value whose id is g*M + j (at most one of the group's 4 matches).
 Bytes: read T*Kc values + ids, write T*F: one write pass over D.
+
+vnm_colsum: the column sums of D without forming it (db1 = sum over tokens of the scattered dZ):
+one program per G M-groups walks the T/V blocks in order, sums each block's V rows of its 4G
+compact columns in float32 and adds them at their units (one-hot within each group: the 4 ids of
+a group are distinct units of it). One read of c, one launch, a fixed summation order.
 """
 
 import torch
@@ -57,5 +62,47 @@ def vnm_scatter(c: torch.Tensor, ids: torch.Tensor, v: int, m: int, square: bool
     _scatter_kernel[grid](
         c, ids, out, g, v, c.stride(0), ids.stride(0), out.stride(0),
         M=m, M_P=m_p, ROWS=rows, BLOCK_G=block_g, SQUARE=square,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _colsum_kernel(
+    c_ptr, ids_ptr, out_ptr, NB, V, stride_c, stride_ids,
+    M: tl.constexpr, M_P: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    q = tl.program_id(0) * 4 * G + tl.arange(0, 4 * G)  # this program's compact columns
+    first = (tl.program_id(0) * G + tl.arange(0, G)) * M  # the first unit of each of its groups
+    j = tl.arange(0, M_P)
+    rr = tl.arange(0, ROWS)
+    acc = tl.zeros((G, M_P), dtype=tl.float32)
+    for b in range(0, NB):
+        s = tl.zeros((4 * G,), dtype=tl.float32)
+        for r0 in range(0, V, ROWS):
+            rows = (b * V + r0 + rr).to(tl.int64)
+            s += tl.sum(tl.load(c_ptr + rows[:, None] * stride_c + q[None, :]).to(tl.float32), axis=0)
+        local = tl.reshape(tl.load(ids_ptr + b * stride_ids + q), (G, 4)) - first[:, None]
+        hit = local[:, :, None] == j[None, None, :]
+        acc += tl.sum(tl.where(hit, tl.reshape(s, (G, 4))[:, :, None], 0.0), axis=1)
+    units = first[:, None] + j[None, :]
+    tl.store(out_ptr + units, acc.to(out_ptr.dtype.element_ty), mask=(j < M)[None, :])
+
+
+def vnm_colsum(c: torch.Tensor, ids: torch.Tensor, v: int, m: int) -> torch.Tensor:
+    """vnm_scatter(c, ids, v, m).sum(0) [Kc*M/4] in c's dtype, summed in float32 without forming the
+    dense tensor (db1 from the compact dZ: one launch, deterministic)."""
+    if c.dtype not in _DTYPES or ids.dtype != torch.int32:
+        raise ValueError(f"vnm_colsum: c.dtype={c.dtype} (expected one of {_DTYPES}), ids.dtype={ids.dtype} (int32)")
+    t, kc = c.shape
+    if v < 16 or v % 16 or t % v or ids.shape != (t // v, kc) or kc % 4 or m % 4 or m < 4:
+        raise ValueError(f"vnm_colsum: c {tuple(c.shape)}, ids {tuple(ids.shape)}, V={v} (a multiple of 16), M={m}")
+    if c.stride(1) != 1 or not ids.is_contiguous():
+        raise ValueError("vnm_colsum: c needs contiguous rows and ids must be contiguous")
+    groups = kc // 4
+    g = 4 if groups % 4 == 0 else (2 if groups % 2 == 0 else 1)  # 4 groups: 16 compact columns per row read
+    out = torch.empty(groups * m, device=c.device, dtype=c.dtype)
+    _colsum_kernel[(groups // g,)](
+        c, ids, out, t // v, v, c.stride(0), ids.stride(0),
+        M=m, M_P=triton.next_power_of_2(m), G=g, ROWS=16, num_warps=4,
     )  # fmt: skip
     return out

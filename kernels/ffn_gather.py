@@ -9,6 +9,7 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
   B3  dX = dZ_c @ W1[ids]               gather-K GEMM
   B2  dW2 = dY^T scatter(r_c^2)         exact, cuBLAS on the dense scattered operand (or the
   B4  dW1 = scatter(dZ_c)^T X           token-dim approximation, kernels/weight_grad_gather.py)
+      db1 = scatter(dZ_c).sum(0)        from the compact dZ in one launch (compact_scatter_triton.vnm_colsum)
 With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
 and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py; db1 from
 B4's loads): no scatter, no [T, h] tensor, keep-fraction x the dense work.
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
 from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_supports
-from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatter
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
@@ -130,14 +131,7 @@ def sqrelu_ffn_backward_gather(
         del h
     dx = dz @ w1 if "B3" in dense else gather_k_mm(dz_c, ids, w1.contiguous(), v)
     del dz
-    return dx, dw1, _db1(dz_c, ids, v, w1.shape[0]), dw2, dy.sum(0)
-
-
-def _db1(dz_c: torch.Tensor, ids: torch.Tensor, v: int, h: int) -> torch.Tensor:
-    """db1 [h] from the compact dZ: per-block column sums added at their columns (reads T*Kc, not T*h)."""
-    sums = dz_c.view(-1, v, dz_c.shape[1]).sum(1, dtype=torch.float32)
-    db1 = torch.zeros(h, device=dz_c.device, dtype=torch.float32).index_add_(0, ids.flatten(), sums.flatten())
-    return db1.to(dz_c.dtype)
+    return dx, dw1, vnm_colsum(dz_c, ids, v, m), dw2, dy.sum(0)
 
 
 def _check_chunk(

@@ -6,7 +6,7 @@ import torch
 
 from sparse_compile.kernels import gather_gemm_triton
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
-from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.gather_reference import gather_k_mm_ref, gather_n_mm_ref, vnm_scatter_ref
 
@@ -41,6 +41,20 @@ def test_scatter_exact(v, n, m, blocks, groups, dtype, square):
     assert torch.equal(got, want)
     if square:  # the squared scatter of r_c is the masked H itself
         assert torch.equal(got, vnm_scatter_ref(h_c, ids, v, groups * m))
+
+
+@pytest.mark.parametrize("v, n, m, blocks, groups", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_colsum_is_the_scattered_column_sum(v, n, m, blocks, groups, dtype):
+    """db1 from the compact dZ: scatter(c).sum(0) in float32, one rounding (signed values; groups
+    of 5 and 3 take one group per program, 4 and 8 four)."""
+    _, r_c, ids, g = _compact(v, n, m, blocks, groups, dtype, seed=3 * v + m)
+    c = torch.randn(r_c.shape, generator=g).to(DEVICE, dtype)
+    got = vnm_colsum(c, ids, v, m)
+    want = vnm_scatter_ref(c, ids, v, groups * m).float().sum(0).to(dtype)
+    _close(got, want, dtype)
+    with pytest.raises(ValueError, match="V=8"):
+        vnm_colsum(c, ids, 8, m)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:

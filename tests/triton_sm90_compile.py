@@ -102,6 +102,10 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
     cases.append(("scatter", scatter._scatter_kernel, _sig(names, ce, types), ce))
+    ce = {"M": 16, "M_P": 16, "G": 4, "ROWS": 16}
+    types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
+    names = "c_ptr ids_ptr out_ptr NB V stride_c stride_ids M M_P G ROWS"
+    cases.append(("colsum", scatter._colsum_kernel, _sig(names, ce, types), ce))
     for gather in (False, True):
         ce = {"BLOCK": transpose.BLOCK, "GATHER": gather}
         types = {"a_ptr": "*bf16", "rows_ptr": "*i64", "out_ptr": "*bf16"}
