@@ -43,11 +43,12 @@ def test_scatter_exact(v, n, m, blocks, groups, dtype, square):
         assert torch.equal(got, vnm_scatter_ref(h_c, ids, v, groups * m))
 
 
-@pytest.mark.parametrize("v, n, m, blocks, groups", SHAPES)
+@pytest.mark.parametrize("v, n, m, blocks, groups", [*SHAPES, (16, 2, 8, 40, 4), (128, 4, 16, 9, 8)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_colsum_is_the_scattered_column_sum(v, n, m, blocks, groups, dtype):
     """db1 from the compact dZ: scatter(c).sum(0) in float32, one rounding (signed values; groups
-    of 5 and 3 take one group per program, 4 and 8 four)."""
+    of 5 and 3 take one group per program, 4 and 8 four; 40 blocks of 16 and 9 of 128 take several
+    steps of 32 and 4 blocks, the last one partly masked)."""
     _, r_c, ids, g = _compact(v, n, m, blocks, groups, dtype, seed=3 * v + m)
     c = torch.randn(r_c.shape, generator=g).to(DEVICE, dtype)
     got = vnm_colsum(c, ids, v, m)

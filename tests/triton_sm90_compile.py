@@ -102,9 +102,9 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     names = "c_ptr ids_ptr out_ptr G V stride_c stride_ids stride_out M M_P ROWS BLOCK_G SQUARE"
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
     cases.append(("scatter", scatter._scatter_kernel, _sig(names, ce, types), ce))
-    ce = {"M": 16, "M_P": 16, "G": 4, "ROWS": 16}
+    ce = {"M": 16, "M_P": 16, "G": 4, "ROWS": 128, "BLK": 4}
     types = {"c_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16"}
-    names = "c_ptr ids_ptr out_ptr NB V stride_c stride_ids M M_P G ROWS"
+    names = "c_ptr ids_ptr out_ptr NB V stride_c stride_ids M M_P G ROWS BLK"
     cases.append(("colsum", scatter._colsum_kernel, _sig(names, ce, types), ce))
     for gather in (False, True):
         ce = {"BLOCK": transpose.BLOCK, "GATHER": gather}
