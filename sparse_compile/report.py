@@ -1,5 +1,7 @@
 """The report of every FFN site a compile found: what runs sparse, with which pattern and kernel, or why not."""
 
+import math
+import re
 from dataclasses import dataclass, field
 
 from tabulate import tabulate
@@ -8,6 +10,17 @@ from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
+# torch.compile modes that run the compiled graphs as CUDA graphs (no per-kernel host work)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# T x d x h under which a sparse FFN's host work (its Python and 13-24 kernel launches per step)
+# measured more than its GPU saving on an H100 without CUDA graphs: 350M (16384 x 1024 x 4096 =
+# 6.9e10) and 125M ran 0.94x and 0.55x of dense, 1.3B (2.7e11) 1.16x (bench/RESULTS.md section 2)
+SMALL_FFN = 2**37
+HOST_HINT = (
+    "note: {n} sparse site(s) with T x d x h under 1.4e11 and no CUDA graphs: each adds its Python and "
+    "13-24 kernel launches per step, which on an H100 cost more than their GPU saving (0.55x-0.94x of dense at "
+    "125M-350M); mode='reduce-overhead' (CUDA graphs) measured 0.995x-1.045x (bench/RESULTS.md section 2)"
+)
 
 
 def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
@@ -48,6 +61,7 @@ class Report:
 
     config: SparsityConfig
     sites: list[SiteReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # printed under the summary line
 
     @classmethod
     def from_records(cls, config: SparsityConfig, graph: int, records: list[SiteRecord]) -> "Report":
@@ -65,6 +79,16 @@ class Report:
 
     def extend(self, other: "Report") -> None:
         self.sites.extend(other.sites)
+        self.notes.extend(n for n in other.notes if n not in self.notes)
+
+    def note_host_bound(self, mode: str | None) -> None:
+        """Add HOST_HINT when CUDA sites below SMALL_FFN run sparse outside CUDA graphs (a size rule,
+        not a timing: the same compile always says the same)."""
+        if mode in CUDA_GRAPH_MODES:
+            return
+        small = [s for s in self.sparse_sites if s.record.device == "cuda" and _work(s.record) < SMALL_FFN]
+        if small:
+            self.notes.append(HOST_HINT.format(n=len(small)))
 
     @property
     def sparse_sites(self) -> list[SiteReport]:
@@ -103,4 +127,13 @@ class Report:
             f"(config: weights={c.weights}, activations={c.activations}, weight_grad={c.weight_grad}, "
             f"kernels={c.kernels})"
         )
+        head = "\n".join([head, *self.notes])
         return head if not self.sites else f"{head}\n{self.table()}"
+
+
+def _work(record: SiteRecord) -> float:
+    """T x d x h of a site (inf when its input shape is symbolic)."""
+    dims = re.findall(r"-?\w+", record.input_shape)
+    if not dims or not all(x.isdigit() for x in dims) or not record.hidden.isdigit():
+        return math.inf
+    return math.prod(int(x) for x in dims) * int(record.hidden)

@@ -256,3 +256,30 @@ def test_autocast_sites_stay_sparse_with_autocast_casts():
     y.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
     assert torch.equal(y_dense, y_default)
+
+
+def test_report_notes_small_cuda_sites_outside_cuda_graphs():
+    """A size rule, not a timing: CUDA sites with T x d x h under SMALL_FFN get the host-bound note
+    unless the compile runs CUDA graphs; large, CPU, dense and symbolic-shape sites do not."""
+    from sparse_compile.passes import SiteRecord
+    from sparse_compile.report import HOST_HINT, Report
+
+    def site(shape: str, hidden: str, device: str = "cuda", sparse: bool = True) -> SiteRecord:
+        return SiteRecord("blocks.0.mlp", "model.py:62", shape, hidden, "bfloat16", device, sparse, "", "triton gather")
+
+    config = SparsityConfig(activations="128:4:16")
+    small = site("(8, 2048, 1024)", "4096")  # 350M: 6.9e10
+    for mode, records, want in [
+        (None, [small, site("(8, 2048, 2048)", "8192")], 1),  # 1.3B: 2.7e11, no note for it
+        ("default", [small, small], 2),
+        ("reduce-overhead", [small], 0),
+        ("max-autotune", [small], 0),
+        (None, [site("(8, 2048, 1024)", "4096", device="cpu")], 0),
+        (None, [site("(8, 2048, 1024)", "4096", sparse=False)], 0),
+        (None, [site("(s0, 2048, 1024)", "4096")], 0),
+    ]:
+        report = Report.from_records(config, 0, records)
+        report.note_host_bound(mode)
+        assert report.notes == ([HOST_HINT.format(n=want)] if want else []), (mode, want)
+        assert (HOST_HINT.format(n=want) in str(report)) == bool(want)
+    assert "mode='reduce-overhead'" in HOST_HINT and "bench/RESULTS.md section 2" in HOST_HINT
