@@ -36,6 +36,7 @@ class SiteRecord:
     sparse: bool
     reason: str
     kernel: str = "dense (Inductor)"
+    work: float = math.inf  # T x d x h (inf where a dim is symbolic or unknown)
 
 
 def _clean_path(path: str) -> str:
@@ -79,6 +80,8 @@ def source_of(node: Node) -> str:
 def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> SiteRecord:
     x_node, w1_node, _ = linear_args(first)
     x, w1 = example_value(x_node), example_value(w1_node)
+    dims = [] if x is None or w1 is None or w1.dim() != 2 else [*x.shape, w1.shape[0]]
+    static = bool(dims) and all(isinstance(n, int) for n in dims)
     return SiteRecord(
         module=module_of(first, second),
         source=source_of(second if second is not None else first),
@@ -88,6 +91,7 @@ def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> Si
         device="?" if x is None else x.device.type,
         sparse=sparse,
         reason=reason,
+        work=math.prod(dims) if static else math.inf,
     )
 
 

@@ -99,8 +99,7 @@ def sparse_backend(
     patches = _inductor_patches(opts)
     graph_id = next(_graph_ids)
     sparse_gm, records = rewrite(gm, opts.config)
-    report = Report.from_records(opts.config, graph_id, records)
-    report.note_host_bound(opts.mode)
+    report = Report.from_records(opts.config, graph_id, records, opts.mode)
     with _lock:
         _reports.append(report)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)

@@ -1,7 +1,5 @@
 """The report of every FFN site a compile found: what runs sparse, with which pattern and kernel, or why not."""
 
-import math
-import re
 from dataclasses import dataclass, field
 
 from tabulate import tabulate
@@ -61,11 +59,13 @@ class Report:
 
     config: SparsityConfig
     sites: list[SiteReport] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # printed under the summary line
+    mode: str | None = None  # the torch.compile mode of the graphs (CUDA graphs or not)
 
     @classmethod
-    def from_records(cls, config: SparsityConfig, graph: int, records: list[SiteRecord]) -> "Report":
-        report = cls(config)
+    def from_records(
+        cls, config: SparsityConfig, graph: int, records: list[SiteRecord], mode: str | None = None
+    ) -> "Report":
+        report = cls(config, mode=mode)
         report.add(graph, records)
         return report
 
@@ -79,16 +79,15 @@ class Report:
 
     def extend(self, other: "Report") -> None:
         self.sites.extend(other.sites)
-        self.notes.extend(n for n in other.notes if n not in self.notes)
 
-    def note_host_bound(self, mode: str | None) -> None:
-        """Add HOST_HINT when CUDA sites below SMALL_FFN run sparse outside CUDA graphs (a size rule,
-        not a timing: the same compile always says the same)."""
-        if mode in CUDA_GRAPH_MODES:
-            return
-        small = [s for s in self.sparse_sites if s.record.device == "cuda" and _work(s.record) < SMALL_FFN]
-        if small:
-            self.notes.append(HOST_HINT.format(n=len(small)))
+    @property
+    def notes(self) -> list[str]:
+        """Lines under the summary: HOST_HINT when CUDA sites below SMALL_FFN run sparse outside
+        CUDA graphs (a size rule, not a timing: the same compile always says the same)."""
+        if self.mode in CUDA_GRAPH_MODES:
+            return []
+        small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < SMALL_FFN]
+        return [HOST_HINT.format(n=len(small))] if small else []
 
     @property
     def sparse_sites(self) -> list[SiteReport]:
@@ -129,11 +128,3 @@ class Report:
         )
         head = "\n".join([head, *self.notes])
         return head if not self.sites else f"{head}\n{self.table()}"
-
-
-def _work(record: SiteRecord) -> float:
-    """T x d x h of a site (inf when its input shape is symbolic)."""
-    dims = re.findall(r"-?\w+", record.input_shape)
-    if not dims or not all(x.isdigit() for x in dims) or not record.hidden.isdigit():
-        return math.inf
-    return math.prod(int(x) for x in dims) * int(record.hidden)

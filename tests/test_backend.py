@@ -261,25 +261,38 @@ def test_autocast_sites_stay_sparse_with_autocast_casts():
 def test_report_notes_small_cuda_sites_outside_cuda_graphs():
     """A size rule, not a timing: CUDA sites with T x d x h under SMALL_FFN get the host-bound note
     unless the compile runs CUDA graphs; large, CPU, dense and symbolic-shape sites do not."""
+    import math
+
     from sparse_compile.passes import SiteRecord
     from sparse_compile.report import HOST_HINT, Report
 
-    def site(shape: str, hidden: str, device: str = "cuda", sparse: bool = True) -> SiteRecord:
-        return SiteRecord("blocks.0.mlp", "model.py:62", shape, hidden, "bfloat16", device, sparse, "", "triton gather")
+    def site(work: float, device: str = "cuda", sparse: bool = True) -> SiteRecord:
+        where = ("blocks.0.mlp", "model.py:62", "(8, 2048, 1024)", "4096", "bfloat16")
+        return SiteRecord(*where, device, sparse, "", "triton gather", work=work)
 
     config = SparsityConfig(activations="128:4:16")
-    small = site("(8, 2048, 1024)", "4096")  # 350M: 6.9e10
+    small = site(8 * 2048 * 1024 * 4096)  # 350M: 6.9e10
     for mode, records, want in [
-        (None, [small, site("(8, 2048, 2048)", "8192")], 1),  # 1.3B: 2.7e11, no note for it
+        (None, [small, site(8 * 2048 * 2048 * 8192)], 1),  # 1.3B: 2.7e11, no note for it
         ("default", [small, small], 2),
         ("reduce-overhead", [small], 0),
         ("max-autotune", [small], 0),
-        (None, [site("(8, 2048, 1024)", "4096", device="cpu")], 0),
-        (None, [site("(8, 2048, 1024)", "4096", sparse=False)], 0),
-        (None, [site("(s0, 2048, 1024)", "4096")], 0),
+        (None, [site(small.work, device="cpu")], 0),
+        (None, [site(small.work, sparse=False)], 0),
+        (None, [site(math.inf)], 0),  # a symbolic dim
     ]:
-        report = Report.from_records(config, 0, records)
-        report.note_host_bound(mode)
+        report = Report.from_records(config, 0, records, mode)
         assert report.notes == ([HOST_HINT.format(n=want)] if want else []), (mode, want)
         assert (HOST_HINT.format(n=want) in str(report)) == bool(want)
     assert "mode='reduce-overhead'" in HOST_HINT and "bench/RESULTS.md section 2" in HOST_HINT
+
+
+def test_site_record_work_is_t_d_h_of_a_static_site():
+    from sparse_compile import explain
+
+    from .ffn_zoo import SquaredReLU
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), SquaredReLU(), nn.Linear(128, 32))
+    report = explain(model, torch.randn(4, 16, 32), config=SparsityConfig(activations="16:2:8"))
+    assert [s.record.work for s in report.sparse_sites] == [4 * 16 * 32 * 128]
