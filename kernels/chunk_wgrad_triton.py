@@ -118,7 +118,12 @@ def _chunk_wgrad_kernel(
         i0 = tl.program_id(2) * share
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((BLOCK_D, C), dtype=tl.float32)
-    colsum = tl.zeros((C,), dtype=tl.float32)
+    # db = ones^T A on the tensor cores, with A's tile in the same shared buffer as the main dot: a
+    # tl.sum of A's registers instead makes Triton 3.6 keep one A buffer that the next step's async
+    # copy overwrites under the in-flight wgmma (wrong dW1 on an H100). Row 0 of E is ones, the rest
+    # zeros, so the column sums of E^T A are exact; 64 rows: a wgmma shape (+25% MMA at BLOCK_D 256)
+    sums = tl.zeros((64, C), dtype=tl.float32)
+    e0 = (tl.arange(0, 64)[:, None] == 0) & (ok[None, :] >= 0)  # [64, BLOCK_K]
     # one flat loop over (kept block, K step), so the loads of the next step are issued under this
     # step's dot (the index loads cost a pipeline stage, as in gather_k)
     for i in range(i0, n_iter):
@@ -129,16 +134,18 @@ def _chunk_wgrad_kernel(
         a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
         if SQUARE:
             a = (a.to(tl.float32) * a.to(tl.float32)).to(a_ptr.dtype.element_ty)  # H~ = R~^2, one rounding
-        if DB:  # db[u] = sum over tokens of the scattered A's column u
-            colsum += tl.sum(a.to(tl.float32), axis=0)
         if EVEN_D:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
         if IEEE:  # float32 operands: no TF32, so the kernel never changes a user's precision
             acc = tl.dot(tl.trans(b), a, acc, input_precision="ieee")
+            if DB:
+                sums = tl.dot(e0.to(a.dtype), a, sums, input_precision="ieee")
         else:
             acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
+            if DB:  # db[u] = sum over tokens of the scattered A's column u
+                sums = tl.dot(e0.to(a.dtype), a, sums)
     units = chunk * C + oc
     if TRANSPOSE:  # out [D, H]
         dst = dd[:, None].to(tl.int64) * H + units[None, :]
@@ -152,6 +159,7 @@ def _chunk_wgrad_kernel(
         dst += base
     tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
     if DB:
+        colsum = tl.sum(sums, axis=0)
         if tl.program_id(1) == 0:
             if SPLIT > 1:
                 tl.store(out_ptr + base + D * H + units, colsum)

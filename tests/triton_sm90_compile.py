@@ -206,6 +206,16 @@ def memory_ops(ptx: str) -> Counter:
     return Counter(re.findall(r"(?:ld|st)\.global(?:\.(?:\w|::)+)*", ptx))
 
 
+def single_buffered_async_dots(ttgir: str) -> list[str]:
+    """The one-slot shared tiles (memdesc<1xRxC> of a float type) of a kernel whose wgmmas run
+    asynchronously (pendings >= 1). Triton 3.6 single-buffers a pipelined tile that is read both by a
+    dot and from registers, then refills that slot with the next step's async copy while the
+    previous wgmma may still read it: wrong results (chunk wgrad's db1 from tl.sum, 1-4% off dW1)."""
+    if not re.search(r"warp_group_dot_wait[^\n]*pendings = [1-9]", ttgir):
+        return []
+    return re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<1x\d+x\d+x(?:bf16|f16|f32)", ttgir)
+
+
 def sass_counts(cubin: bytes) -> str:
     """A cubin's registers per thread, SASS instructions and barriers as text ("" without cuobjdump)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -245,9 +255,13 @@ def main() -> int:
         scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
         if name.startswith(GATHERED_LOADS):  # their gathered reads are scalar by design; stores must not be
             scalar16 = {k: v for k, v in scalar16.items() if k.startswith("st.")}
+        racy = single_buffered_async_dots(compiled.asm["ttgir"])
         if name.startswith(VECTORIZED) and scalar16:
             failed += 1
             print(f"FAILED  {name}: scalar 16-bit global accesses {scalar16} (all: {dict(ops)})")
+        elif racy:
+            failed += 1
+            print(f"FAILED  {name}: one-slot pipelined tiles under async wgmma: {racy}")
         else:
             print(f"ok      {name}  {sass}{dict(ops)}")
     return 1 if failed else 0
