@@ -8,6 +8,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
                left at keep 4/M); with --sweep also the B2 kernel's tilings and split-K factors
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
+  db1 (colsum) B4's bias gradient from the compact dZ~ (kernels/chunk_wgrad_triton.chunk_colsum) vs
+               copy bandwidth (bytes: dZ~ read once), beside the dense path's dZ.sum(0)
   csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -28,7 +30,7 @@ from bench.gpu_timing import start_gpu_bench
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
-from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_csr_ref, chunk_wgrad
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum, chunk_csr, chunk_csr_ref, chunk_wgrad
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
@@ -104,11 +106,10 @@ def measure(
     rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": same,
                  "baseline": "torch (~10 launches)", "baseline ms": _ms(lambda: chunk_csr_ref(ids, c, h))})  # fmt: skip
     dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
-    # B2 as the op runs it; B4 with db1 from its loads (bias_grad), as the op runs it
-    for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4 + db1", dz_c, x, False, False)):
-        kw = dict(square=square, transpose=transpose, csr=csr, bias_grad=not square)
+    # B2 and B4 as the op runs them
+    for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
+        kw = dict(square=square, transpose=transpose, csr=csr)
         got = chunk_wgrad(a, ids, b, v, c, h, **kw)
-        got = got if square else got[0]
         dense_a = vnm_scatter_ref(a * a if square else a, ids, v, h)
         want = dense_a.t() @ b
         err = _rel(got.t() if transpose else got, want)
@@ -118,6 +119,13 @@ def measure(
         ceiling = _ms(lambda a=dense_a[:kred], b=b[:kred]: a.t() @ b)
         rows.append({**label, "kernel": name, "ms": ms, "of ceiling": ceiling / ms, "check": f"rel {err:.1e}",
                      "baseline": "cuBLAS dense", "baseline ms": dense_ms, "ceiling ms": ceiling})  # fmt: skip
+    db = chunk_colsum(dz_c, ids, v, c, h, csr)
+    err = _rel(db, vnm_scatter_ref(dz_c, ids, v, h).float().sum(0))
+    ms = _ms(lambda: chunk_colsum(dz_c, ids, v, c, h, csr))
+    dense_dz = vnm_scatter_ref(dz_c, ids, v, h)
+    rows.append({**label, "kernel": "db1 (colsum)", "ms": ms, "of ceiling": 2 * dz_c.numel() / ms / 1e6 / copy,
+                 "check": f"rel {err:.1e}", "baseline": "dense dZ.sum(0)",
+                 "baseline ms": _ms(lambda: dense_dz.sum(0))})  # fmt: skip
     if sweep:  # tilings of the B2 kernel (SWEEP); the check: relative error against the dense product
         want = vnm_scatter_ref(r_c * r_c, ids, v, h).t() @ dy
         for bd, bk, w, st, sp in SWEEP:

@@ -25,6 +25,9 @@ partial to [S, ...]; one more launch sums the partials in a fixed order (determi
 once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024, 4096): ~0.04 ms
 at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at least 4 programs
 per SM.
+
+db1 = scatter(dZ~).sum(0) is ``chunk_colsum``'s own launch over the same csr (one program per chunk,
+deterministic): summed inside the wgrad kernel it either raced (tl.sum) or cost +80% (a ones dot).
 """
 
 import torch
@@ -97,13 +100,13 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
 
 @triton.jit
 def _chunk_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
+    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, DB: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H (+ H with DB)]: each split's partial product,
-    then (DB) its partial column sums of A; with SPLIT = 1, out and db_ptr in the output dtype."""
+    """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
+    out in the output dtype."""
     chunk = tl.program_id(0)
     dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
@@ -118,12 +121,10 @@ def _chunk_wgrad_kernel(
         i0 = tl.program_id(2) * share
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((BLOCK_D, C), dtype=tl.float32)
-    # db = ones^T A on the tensor cores, with A's tile in the same shared buffer as the main dot: a
-    # tl.sum of A's registers instead makes Triton 3.6 keep one A buffer that the next step's async
-    # copy overwrites under the in-flight wgmma (wrong dW1 on an H100). Row 0 of E is ones, the rest
-    # zeros, so the column sums of E^T A are exact; 64 rows: a wgmma shape (+25% MMA at BLOCK_D 256)
-    sums = tl.zeros((64, C), dtype=tl.float32)
-    e0 = (tl.arange(0, 64)[:, None] == 0) & (ok[None, :] >= 0)  # [64, BLOCK_K]
+    # A feeds the dot only: a tl.sum of A's tile here (db1) made Triton 3.6 keep one shared buffer of
+    # A that the next step's async copy overwrote under the in-flight wgmma (dW1 1-4% off on an
+    # H100; tests/triton_sm90_compile.py flags that pattern), and db1 as ones^T A on the tensor
+    # cores cost +80% (0.414 -> 0.743 ms at (16384, 2048, 8192)): db1 is chunk_colsum's launch
     # one flat loop over (kept block, K step), so the loads of the next step are issued under this
     # step's dot (the index loads cost a pipeline stage, as in gather_k)
     for i in range(i0, n_iter):
@@ -140,31 +141,66 @@ def _chunk_wgrad_kernel(
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
         if IEEE:  # float32 operands: no TF32, so the kernel never changes a user's precision
             acc = tl.dot(tl.trans(b), a, acc, input_precision="ieee")
-            if DB:
-                sums = tl.dot(e0.to(a.dtype), a, sums, input_precision="ieee")
         else:
             acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
-            if DB:  # db[u] = sum over tokens of the scattered A's column u
-                sums = tl.dot(e0.to(a.dtype), a, sums)
     units = chunk * C + oc
     if TRANSPOSE:  # out [D, H]
         dst = dd[:, None].to(tl.int64) * H + units[None, :]
     else:  # out [H, D]
         dst = units[None, :].to(tl.int64) * D + dd[:, None]
-    if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H (+ H)]
-        part = D * H
-        if DB:
-            part += H
-        base = tl.program_id(2).to(tl.int64) * part
-        dst += base
+    if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H]
+        dst += tl.program_id(2).to(tl.int64) * D * H
     tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
-    if DB:
-        colsum = tl.sum(sums, axis=0)
-        if tl.program_id(1) == 0:
-            if SPLIT > 1:
-                tl.store(out_ptr + base + D * H + units, colsum)
-            else:
-                tl.store(db_ptr + units, colsum.to(db_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _chunk_colsum_kernel(
+    a_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, V, stride_a,
+    C: tl.constexpr, ROWS: tl.constexpr, ENT: tl.constexpr,
+):  # fmt: skip
+    """Program j: db[j*C + o] = sum over chunk j's entries e and the V rows of block blocks[e] of
+    A[row, cols[e] + o], in float32, entries and rows in a fixed order. Each step loads ROWS rows of
+    ENT entries at once ([ENT, ROWS, C], 32 KB of bf16 at 2 x 128 x 64): Triton does not
+    software-pipeline loads that feed a reduction, so the bytes in flight are what one step loads.
+    Reads T x Kc elements once in all (64 MB at (16384, 8192), 4 x 8 entries per program)."""
+    chunk = tl.program_id(0)
+    start = tl.load(offsets_ptr + chunk)
+    end = tl.load(offsets_ptr + chunk + 1)
+    oc = tl.arange(0, C)
+    rr = tl.arange(0, ROWS)
+    ee = tl.arange(0, ENT)
+    steps = V // ROWS
+    acc = tl.zeros((C,), dtype=tl.float32)
+    for i in range(0, tl.cdiv(end - start, ENT) * steps):
+        e = start + (i // steps) * ENT + ee  # [ENT]
+        ok = e < end
+        blk = tl.load(blocks_ptr + e, mask=ok, other=0)
+        col = tl.multiple_of(tl.load(cols_ptr + e, mask=ok, other=0), C)  # a chunk starts at a multiple of c
+        rows = (blk.to(tl.int64) * V + (i % steps) * ROWS)[:, None] + rr[None, :]  # [ENT, ROWS]
+        ptrs = a_ptr + rows[:, :, None] * stride_a + (col[:, None, None] + oc[None, None, :])
+        x = tl.load(ptrs, mask=ok[:, None, None], other=0.0)
+        acc += tl.sum(tl.sum(x.to(tl.float32), axis=1), axis=0)
+    tl.store(db_ptr + chunk * C + oc, acc.to(db_ptr.dtype.element_ty))
+
+
+def chunk_colsum(
+    a: torch.Tensor, ids: torch.Tensor, v: int, c: int, h: int,
+    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """scatter(a).sum(0) [h] in a's dtype, summed in float32 (B4's db1 from the compact dZ~): one
+    launch, one program per chunk over the blocks that kept it; deterministic. ``csr`` as in
+    chunk_wgrad."""
+    _check(a, ids, a, v, c, h)
+    if not chunk_wgrad_supports(v, c) or a.stride(1) != 1:
+        raise ValueError(f"chunk_colsum: c={c} (a power of two >= 16), V={v} (a multiple of 16), unit column stride")
+    offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
+    db = torch.empty(h, device=a.device, dtype=a.dtype)
+    rows = min(v & -v, 128)  # the largest power of two dividing V, at most 128
+    ent = max(1, 16384 // (rows * c))  # 16384 elements per step
+    _chunk_colsum_kernel[(h // c,)](
+        a, db, offsets, blocks, cols, v, a.stride(0), C=c, ROWS=rows, ENT=ent, num_warps=8
+    )  # fmt: skip
+    return db
 
 
 def chunk_wgrad_supports(v: int, c: int) -> bool:
@@ -199,14 +235,11 @@ def chunk_wgrad(
     num_warps: int | None = None,
     num_stages: int = 3,
     split: int | None = None,
-    bias_grad: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
-    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
-    ``bias_grad``: also db [h] = scatter(a).sum(0) (of a*a with ``square``; B4's db1, from the same
-    loads): returns (out, db)."""
+    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -215,7 +248,6 @@ def chunk_wgrad(
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
-    db = torch.empty(h, device=a.device, dtype=a.dtype) if bias_grad else out
     # H100, c = 64, bench.chunk_kernels --sweep: BLOCK_D 256, 8 warps 1.834 ms at (16384, 4096, 16384),
     # against 2.001 for 128 / 4 warps; 0.462 vs 0.497 ms at (16384, 2048, 8192)
     cuda = a.device.type == "cuda"
@@ -229,31 +261,27 @@ def chunk_wgrad(
     split = split_for(tiles, a.device) if split is None else split
     if split < 1:
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
-    part = out.numel() + (h if bias_grad else 0)
-    dst = out if split == 1 else torch.empty((split, part), device=a.device, dtype=torch.float32)
+    dst = out if split == 1 else torch.empty((split, out.numel()), device=a.device, dtype=torch.float32)
     _chunk_wgrad_kernel[(h // c, triton.cdiv(d, block_d), split)](
-        a, b, dst, db, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
+        a, b, dst, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, DB=bias_grad, num_warps=num_warps, num_stages=num_stages,
+        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch
-        _sum_partials_kernel[(triton.cdiv(part, 2048),)](
-            dst, out, db, out.numel(), part, SPLIT=split, BLOCK=2048, num_warps=4
-        )
-    return (out, db) if bias_grad else out
+        grid = (triton.cdiv(out.numel(), 2048),)
+        _sum_partials_kernel[grid](dst, out, out.numel(), SPLIT=split, BLOCK=2048, num_warps=4)
+    return out
 
 
 @triton.jit
-def _sum_partials_kernel(part_ptr, out_ptr, db_ptr, n, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """x[i] = sum over s of part[s, i] (float32 [SPLIT, total], s ascending), rounded to the output
-    dtype: x = out [n] for i < n, then db [total - n]."""
+def _sum_partials_kernel(part_ptr, out_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = sum over s of part[s, i] (float32 [SPLIT, n], s ascending), rounded to out's dtype."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < total
+    ok = i < n
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT):
-        acc += tl.load(part_ptr + s * total.to(tl.int64) + i, mask=ok, other=0.0)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=i < n)
-    tl.store(db_ptr + (i - n), acc.to(db_ptr.dtype.element_ty), mask=ok & (i >= n))
+        acc += tl.load(part_ptr + s * n.to(tl.int64) + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def split_for(tiles: int, device: torch.device, per_sm: int = 4, most: int = 8) -> int:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
-from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_supports
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum, chunk_csr, chunk_wgrad, chunk_wgrad_supports
 from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatter
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
@@ -111,9 +111,9 @@ def sqrelu_ffn_backward_gather(
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
         dw2 = chunk_wgrad(r_c, ids, dy, v, chunk, hidden, square=True, transpose=True, csr=csr)
-        dw1, db1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, bias_grad=True)
+        dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
-        return dx, dw1, db1, dw2, dy.sum(0)
+        return dx, dw1, chunk_colsum(dz_c, ids, v, chunk, hidden, csr), dw2, dy.sum(0)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h

@@ -150,12 +150,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
         label = f"chunk select M={m} c={c}" + (" causal" if causal else "")
         cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
-    for c, square, split, db in (
-        (32, True, 1, False),
-        (64, False, 1, True),
-        (16, False, 1, False),
-        (64, False, 4, True),
-    ):
+    for c, square, split in ((32, True, 1), (64, False, 1), (16, False, 1), (64, False, 4)):
         ce = {
             "C": c,
             "BLOCK_D": 128,
@@ -166,21 +161,24 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             "I64": False,
             "IEEE": False,
             "SPLIT": split,
-            "DB": db,
         }
-        names = "a_ptr b_ptr out_ptr db_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT DB"
-        types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "db_ptr": "*bf16", "out_ptr": "*bf16" if split == 1 else "*fp32"}
+        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT"
+        types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16" if split == 1 else "*fp32"}
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
-        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "") + (" db" if db else "")
+        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
+    ce = {"C": 64, "ROWS": 128, "ENT": 2}
+    types = {"a_ptr": "*bf16", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
+    names = "a_ptr db_ptr offsets_ptr blocks_ptr cols_ptr V stride_a C ROWS ENT"
+    cases.append(("chunk colsum", chunk_wgrad._chunk_colsum_kernel, _sig(names, ce, types), ce))
     ce = {"PER_BLOCK": 16, "C": 64, "BLOCK_E": 1024}
     types = {k: "*i32" for k in ("ids_ptr", "offsets_ptr", "blocks_ptr", "cols_ptr")}
     names = "ids_ptr offsets_ptr blocks_ptr cols_ptr E stride_ids PER_BLOCK C BLOCK_E"
     cases.append(("chunk csr", chunk_wgrad._chunk_csr_kernel, _sig(names, ce, types), ce))
     ce = {"SPLIT": 4, "BLOCK": 2048}
-    types = {"part_ptr": "*fp32", "out_ptr": "*bf16", "db_ptr": "*bf16"}
-    sig = _sig("part_ptr out_ptr db_ptr n total SPLIT BLOCK", ce, types)
+    types = {"part_ptr": "*fp32", "out_ptr": "*bf16"}
+    sig = _sig("part_ptr out_ptr n SPLIT BLOCK", ce, types)
     cases.append(("sum partials", chunk_wgrad._sum_partials_kernel, sig, ce))
     return cases
 
@@ -194,6 +192,7 @@ VECTORIZED = (
     "gather",
     "transpose",
     "sum partials",
+    "chunk colsum",
 )
 # The selection kernel's second pass reads only the 4 kept columns of each M-group (a gather at the
 # ids, 4 scalar loads per group and row, all inside the group's 32-byte sector).
