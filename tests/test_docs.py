@@ -73,6 +73,7 @@ def test_speed_quality_table_is_the_measured_csvs():
 
     res = ROOT / "bench" / "results"
     causal = '{"activations": "128:4:16", "causal": true}'
+    chunk64 = '{"activations": "128:4:16", "causal": true, "chunk": 64}'
     sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
         ("default (venom)", "10% / 25%"): (
             ("h100_e2e_1.3b_b4e25c8.csv", "default"),
@@ -89,6 +90,10 @@ def test_speed_quality_table_is_the_measured_csvs():
         (f"`{causal}`", "10% / 40%"): (
             ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
             "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.4_b64ab84.csv",
+        ),
+        (f"`{chunk64}`", "10% / 40%"): (
+            ("h100_e2e_1.3b_chunk_a509109.csv", chunk64),
+            "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_fd40_bc520ee.csv",
         ),
         ('`{"activations": "128:4:16", "causal": true, "permute": true}`', "10% / 25%, re-clustered every 100 steps"): (
             None,
