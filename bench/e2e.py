@@ -2,7 +2,9 @@
 
 For each model size and each configuration, in one process: the project's GPT (bench/model.py) at
 sequence length 2048 and 8 x 2048 = 16k tokens per step, bf16 autocast, fused AdamW, gradient
-clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout.
+clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout,
+every site sparse at every size: small_ffn='sparse' unless the options say otherwise (the backend's
+default, 'dense', leaves CUDA FFNs under the size rule of sparse_compile/passes/size_rule.py dense).
 Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
@@ -124,7 +126,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _options(label: str) -> dict:
-    return {} if label == "default" else options_from_text(label)
+    """Every size runs its sites sparse (small_ffn='sparse' unless the options say otherwise)."""
+    return {"small_ffn": "sparse"} | ({} if label == "default" else options_from_text(label))
 
 
 def _sites(reports: list) -> str:

@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
-        sparsity = {text: options_from_text(text) for text in args.sparsity or ["venom"]}
+        # every shape runs sparse (the size rule would leave the small ones dense), unless the options say
+        sparsity = {text: {"small_ffn": "sparse", **options_from_text(text)} for text in args.sparsity or ["venom"]}
         if args.compile_mode != "default":
             sparsity = {k: {**v, "mode": args.compile_mode} for k, v in sparsity.items()}
         for opts in sparsity.values():

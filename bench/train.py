@@ -1,8 +1,10 @@
 """python -m bench.train: train the same GPT dense and sparse, same seed and data order; compare.
 
 Dense: torch.compile(model). Sparse: torch.compile(model, backend="sparse") with a dense warm-up,
-a sparse phase and a dense recovery phase (PhaseSchedule). Writes log.csv (every logged point),
-loss.png (both loss curves, phase boundaries) and summary.txt (the comparison table) to --out.
+a sparse phase and a dense recovery phase (PhaseSchedule); its FFNs run sparse at 125M although
+the backend's size rule would leave them dense (small_ffn='sparse' unless --sparsity says).
+Writes log.csv (every logged point), loss.png (both loss curves, phase boundaries) and summary.txt
+(the comparison table) to --out.
 With --distributed ddp|fsdp under torchrun, the ranks split each global batch (--batch-size per
 rank: N ranks at b see what one process sees at N*b), phases flip on every rank at the same step,
 and rank 0 writes the outputs; tokens/s and losses count all ranks.
@@ -185,7 +187,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.resume:
         args.out = args.resume
     try:
-        options = options_from_text(args.sparsity)
+        # the main job measures the pattern at 125M, where the size rule would leave every site dense
+        options = {"small_ffn": "sparse", **options_from_text(args.sparsity)}
         if BackendOptions.parse(options).config.weights is not None and "masked_decay" not in options:
             options["masked_decay"] = args.masked_decay
         args.config = BackendOptions.parse(options).config

@@ -20,7 +20,7 @@ from bench.model import GPT, SIZES
 
 def ffn_grads(model: GPT, x: torch.Tensor, y: torch.Tensor, options: dict, autocast) -> list[torch.Tensor]:
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="sparse", options=options)
+    compiled = torch.compile(model, backend="sparse", options={"small_ffn": "sparse", **options})
     model.zero_grad(set_to_none=True)
     with autocast():
         _, loss = compiled(x, y)

@@ -19,6 +19,7 @@ from sparse_compile.dispatch import plan_kernels
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
 from sparse_compile.passes.legality import compute_dtype, example_value, illegal_reason, site_note
 from sparse_compile.passes.rewrite_ffn import rewrite_site
+from sparse_compile.passes.size_rule import small_site_reason
 
 __all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "sparsify_ffns"]
 
@@ -95,8 +96,9 @@ def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> Si
     )
 
 
-def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[SiteRecord]:
-    """Rewrite every legal squared-ReLU FFN of ``gm`` (in place); a record per site and near-miss."""
+def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False) -> list[SiteRecord]:
+    """Rewrite every legal squared-ReLU FFN of ``gm`` (in place); a record per site and near-miss.
+    ``cuda_graphs``: the graphs will run as CUDA graphs (the size rule of passes/size_rule.py)."""
     matches, misses = find_ffn_sites(gm.graph)
     records: list[SiteRecord] = []
     sparse_weights: dict[Node, Node] = {}
@@ -107,6 +109,9 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig) -> list[Site
             match, **{k: replaced.get(getattr(match, k), getattr(match, k)) for k in ("x", "w1", "b1", "w2", "b2")}
         )
         reason = illegal_reason(match, config)
+        if reason is None and config.small_ffn == "dense":
+            described = _describe(match.first, match.second, False, "")
+            reason = small_site_reason(described.work, described.device, cuda_graphs)
         if reason is not None:
             records.append(_describe(match.first, match.second, False, reason))
             continue

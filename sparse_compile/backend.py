@@ -17,6 +17,7 @@ import sparse_compile.phase as _phase
 from sparse_compile.config import BackendOptions, SparsityConfig
 from sparse_compile.dump import dump_compile
 from sparse_compile.passes import SiteRecord, sparsify_ffns
+from sparse_compile.passes.size_rule import uses_cuda_graphs
 from sparse_compile.report import Report
 
 _graph_ids = itertools.count()
@@ -85,10 +86,12 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-def rewrite(gm: torch.fx.GraphModule, config: SparsityConfig) -> tuple[torch.fx.GraphModule, list[SiteRecord]]:
+def rewrite(
+    gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False
+) -> tuple[torch.fx.GraphModule, list[SiteRecord]]:
     """A copy of ``gm`` with every legal FFN site rewritten, and the records of all sites."""
     sparse_gm = _copy(gm)
-    return sparse_gm, sparsify_ffns(sparse_gm, config)
+    return sparse_gm, sparsify_ffns(sparse_gm, config, cuda_graphs)
 
 
 def sparse_backend(
@@ -98,7 +101,7 @@ def sparse_backend(
     opts = BackendOptions.parse(options, mode)
     patches = _inductor_patches(opts)
     graph_id = next(_graph_ids)
-    sparse_gm, records = rewrite(gm, opts.config)
+    sparse_gm, records = rewrite(gm, opts.config, uses_cuda_graphs(opts.mode, opts.inductor))
     report = Report.from_records(opts.config, graph_id, records, opts.mode)
     with _lock:
         _reports.append(report)

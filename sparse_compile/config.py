@@ -77,6 +77,10 @@ class SparsityConfig:
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
+    small_ffn: "dense" (default): CUDA sites too small to pay stay dense, by a size rule (T x d x h
+        under 2**37 without CUDA graphs, under 2**36 with them; sparse_compile/passes/size_rule.py),
+        and the report says so per site; "sparse": they run sparse anyway (slower than dense when
+        measured: bench/RESULTS.md section 2).
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
     """
 
@@ -89,6 +93,7 @@ class SparsityConfig:
     causal: bool = False
     permute: bool = False
     min_hidden: int = 0
+    small_ffn: str = "dense"
     masked_decay: float = 0.0
 
     def __post_init__(self) -> None:
@@ -126,6 +131,8 @@ class SparsityConfig:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
         if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
             raise ValueError(f"SparsityConfig.min_hidden={self.min_hidden!r}: expected an int >= 0")
+        if self.small_ffn not in ("dense", "sparse"):
+            raise ValueError(f"SparsityConfig.small_ffn={self.small_ffn!r}: expected 'dense' or 'sparse'")
         if isinstance(self.masked_decay, bool) or not isinstance(self.masked_decay, (int, float)):
             raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
         if not self.masked_decay >= 0.0:

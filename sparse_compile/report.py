@@ -6,18 +6,13 @@ from tabulate import tabulate
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
+from sparse_compile.passes.size_rule import SMALL_FFN, SMALL_FFN_GRAPHS, uses_cuda_graphs
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
-# torch.compile modes that run the compiled graphs as CUDA graphs (no per-kernel host work)
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-# T x d x h under which a sparse FFN's host work (its Python and 13-24 kernel launches per step)
-# measured more than its GPU saving on an H100 without CUDA graphs: 350M (16384 x 1024 x 4096 =
-# 6.9e10) and 125M ran 0.94x and 0.55x of dense, 1.3B (2.7e11) 1.16x (bench/RESULTS.md section 2)
-SMALL_FFN = 2**37
 HOST_HINT = (
-    "note: {n} sparse site(s) with T x d x h under 1.4e11 and no CUDA graphs: each adds its Python and "
-    "13-24 kernel launches per step, which on an H100 cost more than their GPU saving (0.55x-0.94x of dense at "
-    "125M-350M); mode='reduce-overhead' (CUDA graphs) measured 0.995x-1.045x (bench/RESULTS.md section 2)"
+    "note: {n} CUDA site(s) under the small-FFN bound (T x d x h < {bound:.2g} {graphs} CUDA graphs) run sparse "
+    "because small_ffn='sparse': each adds about 1.5 ms of host work per step, measured slower than dense there "
+    "(125M-350M: 0.55x-0.97x without CUDA graphs; bench/RESULTS.md section 2)"
 )
 
 
@@ -82,12 +77,14 @@ class Report:
 
     @property
     def notes(self) -> list[str]:
-        """Lines under the summary: HOST_HINT when CUDA sites below SMALL_FFN run sparse outside
-        CUDA graphs (a size rule, not a timing: the same compile always says the same)."""
-        if self.mode in CUDA_GRAPH_MODES:
+        """Lines under the summary: HOST_HINT when small_ffn='sparse' runs CUDA sites below the size
+        rule's bound sparse (passes/size_rule.py: a size rule, the same compile always says the same)."""
+        graphs = uses_cuda_graphs(self.mode)
+        bound = SMALL_FFN_GRAPHS if graphs else SMALL_FFN
+        small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < bound]
+        if not small:
             return []
-        small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < SMALL_FFN]
-        return [HOST_HINT.format(n=len(small))] if small else []
+        return [HOST_HINT.format(n=len(small), bound=bound, graphs="with" if graphs else "without")]
 
     @property
     def sparse_sites(self) -> list[SiteReport]:

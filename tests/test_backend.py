@@ -258,9 +258,10 @@ def test_autocast_sites_stay_sparse_with_autocast_casts():
     assert torch.equal(y_dense, y_default)
 
 
-def test_report_notes_small_cuda_sites_outside_cuda_graphs():
-    """A size rule, not a timing: CUDA sites with T x d x h under SMALL_FFN get the host-bound note
-    unless the compile runs CUDA graphs; large, CPU, dense and symbolic-shape sites do not."""
+def test_report_notes_small_cuda_sites_run_sparse_by_request():
+    """With small_ffn='sparse', CUDA sites under the size rule's bound (2**37 without CUDA graphs,
+    2**36 with them) run sparse and get the host-bound note; large, CPU, dense and symbolic-shape
+    sites do not."""
     import math
 
     from sparse_compile.passes import SiteRecord
@@ -270,21 +271,57 @@ def test_report_notes_small_cuda_sites_outside_cuda_graphs():
         where = ("blocks.0.mlp", "model.py:62", "(8, 2048, 1024)", "4096", "bfloat16")
         return SiteRecord(*where, device, sparse, "", "triton gather", work=work)
 
-    config = SparsityConfig(activations="128:4:16")
-    small = site(8 * 2048 * 1024 * 4096)  # 350M: 6.9e10
-    for mode, records, want in [
-        (None, [small, site(8 * 2048 * 2048 * 8192)], 1),  # 1.3B: 2.7e11, no note for it
-        ("default", [small, small], 2),
-        ("reduce-overhead", [small], 0),
-        ("max-autotune", [small], 0),
-        (None, [site(small.work, device="cpu")], 0),
-        (None, [site(small.work, sparse=False)], 0),
-        (None, [site(math.inf)], 0),  # a symbolic dim
+    config = SparsityConfig(activations="128:4:16", small_ffn="sparse")
+    small = site(8 * 2048 * 1024 * 4096)  # 350M: 2**36
+    tiny = site(16 * 1024 * 768 * 3072)  # 125M: 3.9e10
+    without = {"bound": 2**37, "graphs": "without"}
+    for mode, records, want, kw in [
+        (None, [small, site(8 * 2048 * 2048 * 8192)], 1, without),  # 1.3B: 2.7e11, no note for it
+        ("default", [small, small], 2, without),
+        ("reduce-overhead", [small], 0, {}),  # 2**36 is not under the CUDA-graph bound
+        ("reduce-overhead", [small, tiny], 1, {"bound": 2**36, "graphs": "with"}),
+        ("max-autotune", [tiny], 1, {"bound": 2**36, "graphs": "with"}),
+        (None, [site(small.work, device="cpu")], 0, {}),
+        (None, [site(small.work, sparse=False)], 0, {}),
+        (None, [site(math.inf)], 0, {}),  # a symbolic dim
     ]:
         report = Report.from_records(config, 0, records, mode)
-        assert report.notes == ([HOST_HINT.format(n=want)] if want else []), (mode, want)
-        assert (HOST_HINT.format(n=want) in str(report)) == bool(want)
-    assert "mode='reduce-overhead'" in HOST_HINT and "bench/RESULTS.md section 2" in HOST_HINT
+        assert report.notes == ([HOST_HINT.format(n=want, **kw)] if want else []), (mode, want)
+        assert (bool(report.notes) and report.notes[0] in str(report)) == bool(want)
+    assert "small_ffn='sparse'" in HOST_HINT and "bench/RESULTS.md section 2" in HOST_HINT
+
+
+def test_small_cuda_sites_stay_dense_by_the_size_rule(monkeypatch):
+    """small_ffn='dense' (the default): a CUDA site under the bound stays dense with the rule as its
+    reason, in the pass itself (CPU sites never do; the test treats its CPU site as CUDA); 'sparse'
+    keeps it sparse; the bound depends on CUDA graphs only through the compile mode."""
+    import sparse_compile.passes as passes
+    from sparse_compile import explain
+    from sparse_compile.passes import size_rule
+
+    from .ffn_zoo import SquaredReLU
+
+    assert size_rule.small_site_reason(2**36, "cpu", False) is None
+    assert size_rule.small_site_reason(2**37, "cuda", False) is None
+    assert "6.9e+10" in size_rule.small_site_reason(2**36 - 1, "cuda", True)
+    assert "1.4e+11" in size_rule.small_site_reason(2**36, "cuda", False)
+    assert size_rule.small_site_reason(2**36, "cuda", True) is None
+    assert size_rule.uses_cuda_graphs("reduce-overhead") and size_rule.uses_cuda_graphs("max-autotune")
+    assert not size_rule.uses_cuda_graphs(None) and not size_rule.uses_cuda_graphs("max-autotune-no-cudagraphs")
+    assert size_rule.uses_cuda_graphs(None, {"triton.cudagraphs": True})
+    assert not size_rule.uses_cuda_graphs("reduce-overhead", {"triton.cudagraphs": False})
+    with pytest.raises(ValueError, match="small_ffn='tiny'"):
+        SparsityConfig(activations="16:2:8", small_ffn="tiny")
+
+    monkeypatch.setattr(passes, "small_site_reason", lambda work, device, graphs: size_rule.small_site_reason(
+        work, "cuda", graphs))  # fmt: skip
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), SquaredReLU(), nn.Linear(128, 32))
+    x = torch.randn(4, 16, 32)
+    dense = explain(model, x, config=SparsityConfig(activations="16:2:8"))
+    assert not dense.sparse_sites and "small FFN: T x d x h = 2.6e+05" in dense.dense_sites[0].record.reason
+    forced = explain(model, x, config=SparsityConfig(activations="16:2:8", small_ffn="sparse"))
+    assert len(forced.sparse_sites) == 1 and not forced.dense_sites
 
 
 def test_site_record_work_is_t_d_h_of_a_static_site():

@@ -91,7 +91,8 @@ def test_compiled_venom_model_reports_the_measured_f1_choice():
 
     model[1] = SqReLU()
     model = model.cuda().to(torch.bfloat16)
-    compiled = torch.compile(model, backend="sparse", options={"weights": "2:4", "activations": "64:2:8"})
+    options = {"weights": "2:4", "activations": "64:2:8", "small_ffn": "sparse"}  # 3.4e10: under the size rule
+    compiled = torch.compile(model, backend="sparse", options=options)
     x = torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16)
     compiled(x).float().sum().backward()
     (site,) = compile_reports()[-1].sparse_sites

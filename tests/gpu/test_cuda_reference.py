@@ -49,7 +49,7 @@ def test_compiled_cuda_model_sparse_vs_oracle_and_dense_bit_identical():
     ref, baseline = copy.deepcopy(model), copy.deepcopy(model)
     config = SparsityConfig(weights="2:4", activations="64:2:8")
     x = torch.randn(8, 128, 256, device="cuda")
-    compiled = torch.compile(model, backend="sparse")
+    compiled = torch.compile(model, backend="sparse", options={"small_ffn": "sparse"})  # venom, under the size rule
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = compiled(x)
         y_ref = oracle_forward(ref, x, config)
@@ -76,7 +76,7 @@ def train_gpt(options: dict, perturb: bool = False, steps: int = 50) -> tuple[to
         with torch.no_grad():
             for p in model.parameters():
                 p.mul_(1 + 2**-9 * torch.randn_like(p))
-    compiled = torch.compile(model, backend="sparse", options=options)
+    compiled = torch.compile(model, backend="sparse", options={"small_ffn": "sparse", **options})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for _ in range(steps):

@@ -59,7 +59,8 @@ def test_compiled_ffn_on_cusparselt_linears_matches_reference_kernels():
     outs = {}
     for kernels in ("auto", "reference"):
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend="sparse", options={"weights": "2:4", "kernels": kernels})
+        options = {"weights": "2:4", "kernels": kernels, "small_ffn": "sparse"}  # under the size rule
+        compiled = torch.compile(model, backend="sparse", options=options)
         xl = x.clone().requires_grad_()
         y = compiled(xl)
         y.backward(gy)
