@@ -12,7 +12,7 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
       db1 = scatter(dZ_c).sum(0)        from the compact dZ in one launch (compact_scatter_triton.vnm_colsum)
 With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
 and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py; db1 from
-B4's loads): no scatter, no [T, h] tensor, keep-fraction x the dense work.
+chunk_wgrad_triton.chunk_colsum): no scatter, no [T, h] tensor, keep-fraction x the dense work.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries

@@ -108,12 +108,12 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         match = dataclasses.replace(
             match, **{k: replaced.get(getattr(match, k), getattr(match, k)) for k in ("x", "w1", "b1", "w2", "b2")}
         )
+        described = _describe(match.first, match.second, False, "")
         reason = illegal_reason(match, config)
         if reason is None and config.small_ffn == "dense":
-            described = _describe(match.first, match.second, False, "")
             reason = small_site_reason(described.work, described.device, cuda_graphs)
         if reason is not None:
-            records.append(_describe(match.first, match.second, False, reason))
+            records.append(dataclasses.replace(described, reason=reason))
             continue
         x = example_value(match.x)
         h, d = example_value(match.w1).shape
@@ -122,7 +122,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         if config.weight_grad_pattern is not None:
             approx = f"dW1, dW2: token-dim approximation {config.weight_grad} (slower than exact)"
         note = "; ".join(n for n in (site_note(match, config), plan.why, plan.f1_why, plan.gemm_why, approx) if n)
-        records.append(dataclasses.replace(_describe(match.first, match.second, True, note), kernel=plan.kernel))
+        records.append(dataclasses.replace(described, sparse=True, reason=note, kernel=plan.kernel))
         suffix = plan.spec_suffix
         if config.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm"):  # the site's unit permutation
             suffix += f";units={module_of(match.first, match.second)}"

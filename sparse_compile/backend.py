@@ -101,8 +101,9 @@ def sparse_backend(
     opts = BackendOptions.parse(options, mode)
     patches = _inductor_patches(opts)
     graph_id = next(_graph_ids)
-    sparse_gm, records = rewrite(gm, opts.config, uses_cuda_graphs(opts.mode, opts.inductor))
-    report = Report.from_records(opts.config, graph_id, records, opts.mode)
+    cuda_graphs = uses_cuda_graphs(opts.mode, opts.inductor)
+    sparse_gm, records = rewrite(gm, opts.config, cuda_graphs)
+    report = Report.from_records(opts.config, graph_id, records, cuda_graphs)
     with _lock:
         _reports.append(report)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)

@@ -6,7 +6,7 @@ from tabulate import tabulate
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
-from sparse_compile.passes.size_rule import SMALL_FFN, SMALL_FFN_GRAPHS, uses_cuda_graphs
+from sparse_compile.passes.size_rule import SMALL_FFN, SMALL_FFN_GRAPHS
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 HOST_HINT = (
@@ -54,13 +54,13 @@ class Report:
 
     config: SparsityConfig
     sites: list[SiteReport] = field(default_factory=list)
-    mode: str | None = None  # the torch.compile mode of the graphs (CUDA graphs or not)
+    cuda_graphs: bool = False  # the graphs run as CUDA graphs (passes/size_rule.uses_cuda_graphs)
 
     @classmethod
     def from_records(
-        cls, config: SparsityConfig, graph: int, records: list[SiteRecord], mode: str | None = None
+        cls, config: SparsityConfig, graph: int, records: list[SiteRecord], cuda_graphs: bool = False
     ) -> "Report":
-        report = cls(config, mode=mode)
+        report = cls(config, cuda_graphs=cuda_graphs)
         report.add(graph, records)
         return report
 
@@ -79,7 +79,7 @@ class Report:
     def notes(self) -> list[str]:
         """Lines under the summary: HOST_HINT when small_ffn='sparse' runs CUDA sites below the size
         rule's bound sparse (passes/size_rule.py: a size rule, the same compile always says the same)."""
-        graphs = uses_cuda_graphs(self.mode)
+        graphs = self.cuda_graphs
         bound = SMALL_FFN_GRAPHS if graphs else SMALL_FFN
         small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < bound]
         if not small:

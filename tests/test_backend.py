@@ -265,6 +265,7 @@ def test_report_notes_small_cuda_sites_run_sparse_by_request():
     import math
 
     from sparse_compile.passes import SiteRecord
+    from sparse_compile.passes.size_rule import uses_cuda_graphs
     from sparse_compile.report import HOST_HINT, Report
 
     def site(work: float, device: str = "cuda", sparse: bool = True) -> SiteRecord:
@@ -285,7 +286,7 @@ def test_report_notes_small_cuda_sites_run_sparse_by_request():
         (None, [site(small.work, sparse=False)], 0, {}),
         (None, [site(math.inf)], 0, {}),  # a symbolic dim
     ]:
-        report = Report.from_records(config, 0, records, mode)
+        report = Report.from_records(config, 0, records, uses_cuda_graphs(mode))
         assert report.notes == ([HOST_HINT.format(n=want, **kw)] if want else []), (mode, want)
         assert (bool(report.notes) and report.notes[0] in str(report)) == bool(want)
     assert "small_ffn='sparse'" in HOST_HINT and "bench/RESULTS.md section 2" in HOST_HINT
