@@ -398,3 +398,13 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
     assert jobs[1].argv == [*own, "--seed", "0", "--no-progress", "--steps", "8"]  # the shared arguments last
     assert jobs[0].argv == [*own[:4], "--seed", "0", "--no-progress", "--steps", "8"]
     assert folders["dense"] == [tmp_path / "d0"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_op_host_time_refuses_without_a_gpu(capsys):
+    from bench import op_host_time
+
+    with pytest.raises(SystemExit) as exit_info:
+        op_host_time.main(["--calls", "2"])
+    assert exit_info.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
