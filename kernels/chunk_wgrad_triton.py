@@ -26,8 +26,9 @@ once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024
 at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at least 4 programs
 per SM.
 
-db1 = scatter(dZ~).sum(0) is ``chunk_colsum``'s own launch over the same csr (one program per chunk,
-deterministic): summed inside the wgrad kernel it either raced (tl.sum) or cost +78% (a ones dot).
+db1 = scatter(dZ~).sum(0) is ``chunk_colsum``: per-block column sums of dZ~, then one program per
+chunk over the same csr (deterministic). Summed inside the wgrad kernel it either raced (tl.sum) or
+cost +78% (a ones dot).
 """
 
 import torch
@@ -155,31 +156,24 @@ def _chunk_wgrad_kernel(
 
 @triton.jit
 def _chunk_colsum_kernel(
-    a_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, V, stride_a,
-    C: tl.constexpr, ROWS: tl.constexpr, ENT: tl.constexpr,
+    part_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, KC, C: tl.constexpr, ENT: tl.constexpr,
 ):  # fmt: skip
-    """Program j: db[j*C + o] = sum over chunk j's entries e and the V rows of block blocks[e] of
-    A[row, cols[e] + o], in float32, entries and rows in a fixed order. Each step loads ROWS rows of
-    ENT entries at once ([ENT, ROWS, C], 32 KB of bf16 at 2 x 128 x 64): Triton does not
-    software-pipeline loads that feed a reduction, so the bytes in flight are what one step loads.
-    Reads T x Kc elements once in all (64 MB at (16384, 8192), 4 x 8 entries per program)."""
+    """Program j: db[j*C + o] = sum over chunk j's entries e (blocks ascending, ENT at a time) of
+    part[blocks[e], cols[e] + o], part the float32 per-block column sums [T/V, Kc]. Reads
+    E x c x 4 bytes in all (1 MB at (16384, 8192), keep 1/4)."""
     chunk = tl.program_id(0)
     start = tl.load(offsets_ptr + chunk)
     end = tl.load(offsets_ptr + chunk + 1)
     oc = tl.arange(0, C)
-    rr = tl.arange(0, ROWS)
     ee = tl.arange(0, ENT)
-    steps = V // ROWS
     acc = tl.zeros((C,), dtype=tl.float32)
-    for i in range(0, tl.cdiv(end - start, ENT) * steps):
-        e = start + (i // steps) * ENT + ee  # [ENT]
+    for e0 in range(start, end, ENT):
+        e = e0 + ee
         ok = e < end
         blk = tl.load(blocks_ptr + e, mask=ok, other=0)
         col = tl.multiple_of(tl.load(cols_ptr + e, mask=ok, other=0), C)  # a chunk starts at a multiple of c
-        rows = (blk.to(tl.int64) * V + (i % steps) * ROWS)[:, None] + rr[None, :]  # [ENT, ROWS]
-        ptrs = a_ptr + rows[:, :, None] * stride_a + (col[:, None, None] + oc[None, None, :])
-        x = tl.load(ptrs, mask=ok[:, None, None], other=0.0)
-        acc += tl.sum(tl.sum(x.to(tl.float32), axis=1), axis=0)
+        x = tl.load(part_ptr + (blk * KC + col)[:, None] + oc[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(x, axis=0)
     tl.store(db_ptr + chunk * C + oc, acc.to(db_ptr.dtype.element_ty))
 
 
@@ -187,19 +181,19 @@ def chunk_colsum(
     a: torch.Tensor, ids: torch.Tensor, v: int, c: int, h: int,
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """scatter(a).sum(0) [h] in a's dtype, summed in float32 (B4's db1 from the compact dZ~): one
-    launch, one program per chunk over the blocks that kept it; deterministic. ``csr`` as in
-    chunk_wgrad."""
+    """scatter(a).sum(0) [h] in a's dtype, summed in float32 (B4's db1 from the compact dZ~), in two
+    launches, both deterministic: the column sums of each V-row block of a (a dense reduction over
+    all of a's T x Kc elements, [T/V, Kc] float32 out), then one program per chunk adding its kept
+    blocks' sums over the csr lists. One program per chunk over a itself was bound by the chunks most
+    blocks keep. ``csr`` as in chunk_wgrad."""
     _check(a, ids, a, v, c, h)
-    if not chunk_wgrad_supports(v, c) or a.stride(1) != 1:
-        raise ValueError(f"chunk_colsum: c={c} (a power of two >= 16), V={v} (a multiple of 16), unit column stride")
+    if not chunk_wgrad_supports(v, c):
+        raise ValueError(f"chunk_colsum: c={c} (a power of two >= 16), V={v} (a multiple of 16)")
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
+    nb, kc = ids.shape
+    part = a.reshape(nb, v, kc).sum(1, dtype=torch.float32)  # [T/V, Kc]
     db = torch.empty(h, device=a.device, dtype=a.dtype)
-    rows = min(v & -v, 128)  # the largest power of two dividing V, at most 128
-    ent = max(1, 16384 // (rows * c))  # 16384 elements per step
-    _chunk_colsum_kernel[(h // c,)](
-        a, db, offsets, blocks, cols, v, a.stride(0), C=c, ROWS=rows, ENT=ent, num_warps=8
-    )  # fmt: skip
+    _chunk_colsum_kernel[(h // c,)](part, db, offsets, blocks, cols, kc, C=c, ENT=max(1, 2048 // c), num_warps=4)
     return db
 
 

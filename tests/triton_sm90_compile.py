@@ -168,9 +168,9 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
-    ce = {"C": 64, "ROWS": 128, "ENT": 2}
-    types = {"a_ptr": "*bf16", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
-    names = "a_ptr db_ptr offsets_ptr blocks_ptr cols_ptr V stride_a C ROWS ENT"
+    ce = {"C": 64, "ENT": 32}
+    types = {"part_ptr": "*fp32", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
+    names = "part_ptr db_ptr offsets_ptr blocks_ptr cols_ptr KC C ENT"
     cases.append(("chunk colsum", chunk_wgrad._chunk_colsum_kernel, _sig(names, ce, types), ce))
     ce = {"PER_BLOCK": 16, "C": 64, "BLOCK_E": 1024}
     types = {k: "*i32" for k in ("ids_ptr", "offsets_ptr", "blocks_ptr", "cols_ptr")}
