@@ -10,6 +10,9 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
   db1 (colsum) B4's bias gradient from the compact dZ~ (kernels/chunk_wgrad_triton.chunk_colsum) vs
                copy bandwidth (bytes: dZ~ read once), beside the dense path's dZ.sum(0)
+  F2, B1 in place  the gather GEMMs reading W2 [d, h] as w2.t() along the chunk runs, vs the same GEMM
+               on a contiguous W2^T with the transpose copy (the baseline) and without it (ceiling ms); the
+               check is the relative difference of the two (autotuned separately: tiles may differ)
   csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -32,7 +35,9 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
 from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum, chunk_csr, chunk_csr_ref, chunk_wgrad
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
+from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
+from sparse_compile.kernels.transpose_triton import transpose_copy
 
 
 def _ms(fn) -> float:
@@ -137,6 +142,18 @@ def measure(
             except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
                 check, ms = f"{type(e).__name__}", float("nan")
             rows.append({**label, "kernel": f"B2 tiling {bd}x{bk} w{w} s{st} split {sp}", "ms": ms, "check": check})
+    # F2 and B1 read W2 [d, h] in place along the chunk runs (w2.t()): against the same GEMM on a
+    # contiguous W2^T, copy included (what the chunk path ran before); check: relative difference
+    w2 = (torch.randn(d, h, device="cuda", generator=g) * d**-0.5).bfloat16()
+    w2t = transpose_copy(w2)
+    for name, fn in (
+        ("F2 W2 in place", lambda w: gather_k_mm(h_c, ids, w, v, chunk=c)),
+        ("B1 W2 in place", lambda w: gather_n_mm(dy, w, ids, v, r_c, chunk=c)),
+    ):
+        err = _rel(fn(w2.t()), fn(w2t))
+        rows.append({**label, "kernel": name, "ms": _ms(lambda fn=fn: fn(w2.t())), "check": f"rel {err:.1e}",
+                     "baseline": "transpose_copy + GEMM", "baseline ms": _ms(lambda fn=fn: fn(transpose_copy(w2))),
+                     "ceiling ms": _ms(lambda fn=fn: fn(w2t))})  # fmt: skip
     _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
 
     def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice

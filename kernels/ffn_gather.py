@@ -12,7 +12,8 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
       db1 = scatter(dZ_c).sum(0)        from the compact dZ in one launch (compact_scatter_triton.vnm_colsum)
 With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
 and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py; db1 from
-chunk_wgrad_triton.chunk_colsum): no scatter, no [T, h] tensor, keep-fraction x the dense work.
+chunk_wgrad_triton.chunk_colsum): no scatter, no [T, h] tensor, keep-fraction x the dense work;
+F2 and B1 read W2 in place (its kept columns are runs of c units): no transposed copy of W2.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
@@ -78,7 +79,9 @@ def sqrelu_ffn_forward_gather(
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
     else:
-        y = gather_k_mm(h_c, ids, transpose_copy(w2), v, b2)
+        # chunked ids come in runs: W2^T read in place (w2.t(), vectors along the runs), no copy
+        w2t = w2.t() if chunk > 1 else transpose_copy(w2)
+        y = gather_k_mm(h_c, ids, w2t, v, b2, chunk=chunk)
     return y, r_c, ids
 
 
@@ -106,7 +109,7 @@ def sqrelu_ffn_backward_gather(
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
-        dz_c = gather_n_mm(dy, transpose_copy(w2), ids, v, r_c)
+        dz_c = gather_n_mm(dy, w2.t() if chunk > 1 else transpose_copy(w2), ids, v, r_c, chunk=chunk)
     if chunk > 1:
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)

@@ -63,6 +63,9 @@ _TILES = [
 # gather_n (persistent) likewise: 0.97/0.87/0.87/0.91 ms and 0.247/0.251/0.250/0.253 ms.
 _GROUP_M = 32
 _GATHER_K_TILES = list(dict.fromkeys([(bm, bn, bk, s + 2, w) for bm, bn, bk, s, w in _TILES] + [(128, 256, 64, 7, 8)]))
+# The narrowest id tile of any config (gather_k's BLOCK_K, gather_n's BLOCK_N): runs of chunk ids
+# are hinted at most this long, so a run never outlasts its tile.
+_MIN_ID_TILE = min(min(bk for _, _, bk, _, _ in _GATHER_K_TILES), min(bn for _, bn, _, _, _ in _TILES))
 
 
 def _tma_block(nargs: dict) -> None:
@@ -129,9 +132,9 @@ def _grid(rows: int, cols: int, device: torch.device, persistent: bool):
 
 
 def _i32_rows(b: torch.Tensor) -> bool:
-    """Whether every element offset of b (rows * row stride) fits in int32: then the gathered rows'
-    addresses are computed in 32 bits (H100: gather_k 1.13 -> 1.03 ms at 4096x16384, RESULTS 4l)."""
-    return b.shape[0] * b.stride(0) < 2**31
+    """Whether every element offset of b fits in int32: then the gathered rows' addresses are
+    computed in 32 bits (H100: gather_k 1.13 -> 1.03 ms at 4096x16384, RESULTS 4l)."""
+    return sum(n * abs(st) for n, st in zip(b.shape, b.stride(), strict=True)) < 2**31
 
 
 def _prune(configs, named_args, **kwargs):
@@ -156,9 +159,11 @@ def _gather_k_tile(
     tile, c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
     T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_I32: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """One [BLOCK_M, BLOCK_N] output tile of gather_k_mm."""
+    """One [BLOCK_M, BLOCK_N] output tile of gather_k_mm. B_T: b is stored transposed (element
+    (f, n) at f + n * stride_b), its gathered rows contiguous only along runs of CHUNK ids."""
     pid_m, pid_n = _tile(tile, T, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -175,7 +180,14 @@ def _gather_k_tile(
         else:
             a = tl.load(c_ptrs, mask=k_ok[None, :], other=0.0)
         idx = tl.load(id_ptrs, mask=k_ok, other=0)
-        if B_I32:  # row offsets fit in int32: a shorter address chain per gathered row
+        if CHUNK > 1:  # ids in aligned runs of CHUNK consecutive units: vector loads along them
+            idx = tl.max_contiguous(tl.multiple_of(idx, CHUNK), CHUNK)
+        if B_T:  # gathered columns of b^T [N, F]: [BLOCK_K, BLOCK_N], contiguous along K in each run
+            if B_I32:
+                b_ptrs = b_ptr + (idx[:, None] + rn[None, :] * stride_b)
+            else:
+                b_ptrs = b_ptr + idx[:, None].to(tl.int64) + rn[None, :].to(tl.int64) * stride_b
+        elif B_I32:  # row offsets fit in int32: a shorter address chain per gathered row
             b_ptrs = b_ptr + (idx[:, None] * stride_b + rn[None, :])  # gathered rows [BLOCK_K, BLOCK_N]
         else:
             b_ptrs = b_ptr + idx[:, None].to(tl.int64) * stride_b + rn[None, :]
@@ -194,7 +206,7 @@ def _gather_k_tile(
 
 @triton.autotune(
     configs=_configs(_GATHER_K_TILES),
-    key=["N", "KC", "V", "USE_TMA", "B_I32"],
+    key=["N", "KC", "V", "USE_TMA", "B_I32", "B_T", "CHUNK"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
@@ -202,6 +214,7 @@ def _gather_k_kernel(
     c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
     T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_I32: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     # Not persistent: in a flattened persistent loop (tl.range(..., flatten=True)) Triton 3.6 does
@@ -210,7 +223,7 @@ def _gather_k_kernel(
     _gather_k_tile(
         tl.program_id(0), c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
         T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
-        HAS_BIAS, IEEE, USE_TMA, B_I32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        HAS_BIAS, IEEE, USE_TMA, B_I32, B_T, CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )  # fmt: skip
 
 
@@ -218,10 +231,11 @@ def _gather_k_kernel(
 def _gather_n_tile(
     tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-    HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_T: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm."""
+    """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm. B_T: bt is stored transposed (element
+    (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids."""
     pid_m, pid_n = _tile(tile, T, KC, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # compact columns
@@ -229,8 +243,15 @@ def _gather_n_tile(
     n_ok = rn < KC
     blk = (pid_m * BLOCK_M) // V
     idx = tl.load(ids_ptr + blk.to(tl.int64) * stride_ids + rn, mask=n_ok, other=0)
+    if CHUNK > 1:  # ids in aligned runs of CHUNK consecutive units: vector loads along them
+        idx = tl.max_contiguous(tl.multiple_of(idx, CHUNK), CHUNK)
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
-    b_ptrs = bt_ptr + idx[None, :].to(tl.int64) * stride_bt + rk[:, None]  # [BLOCK_K, BLOCK_N]
+    if B_T:  # [BLOCK_K, BLOCK_N] of bt^T [K, F], contiguous along N in each run
+        b_ptrs = bt_ptr + idx[None, :].to(tl.int64) + rk[:, None].to(tl.int64) * stride_bt
+        b_step = BLOCK_K * stride_bt
+    else:
+        b_ptrs = bt_ptr + idx[None, :].to(tl.int64) * stride_bt + rk[:, None]  # [BLOCK_K, BLOCK_N]
+        b_step = BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = rk < K - k0
@@ -244,18 +265,24 @@ def _gather_n_tile(
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+        b_ptrs += b_step
     dtype = out_ptr.dtype.element_ty
+    # The epilogue addresses its columns as (scalar pid_n * BLOCK_N) + arange, not through rn: with
+    # B_T the pipeliner carries the rn tensor across the persistent loop, which loses its contiguity
+    # and left these loads and stores scalar (sm90 PTX, Triton 3.6)
+    col0 = pid_n * BLOCK_N
+    cols = tl.arange(0, BLOCK_N)
+    c_ok = (cols < KC - col0)[None, :]
     if HAS_R:  # dZ = round(dH) * 2 relu(Z), as the reference rounds dH = dY W2 before the product
-        r = tl.load(r_ptr + rm[:, None].to(tl.int64) * stride_r + rn[None, :], mask=n_ok[None, :], other=0.0)
+        r = tl.load(r_ptr + col0 + rm[:, None].to(tl.int64) * stride_r + cols[None, :], mask=c_ok, other=0.0)
         acc = acc.to(dtype).to(tl.float32) * (2.0 * r.to(tl.float32))
-    out = out_ptr + rm[:, None].to(tl.int64) * stride_out + rn[None, :]
-    tl.store(out, acc.to(dtype), mask=n_ok[None, :])
+    out = out_ptr + col0 + rm[:, None].to(tl.int64) * stride_out + cols[None, :]
+    tl.store(out, acc.to(dtype), mask=c_ok)
 
 
 @triton.autotune(
     configs=_configs(_TILES),
-    key=["KC", "K", "V", "USE_TMA", "PERSISTENT"],
+    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
@@ -263,6 +290,7 @@ def _gather_n_kernel(
     a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
@@ -271,28 +299,40 @@ def _gather_n_kernel(
             _gather_n_tile(
                 tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
                 T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-                HAS_R, IEEE, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                HAS_R, IEEE, USE_TMA, B_T, CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _gather_n_tile(
             tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
             T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-            HAS_R, IEEE, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_R, IEEE, USE_TMA, B_T, CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
-def _check(name: str, v: int, **tensors: torch.Tensor) -> None:
+def _check(name: str, v: int, gathered: str, chunk: int, **tensors: torch.Tensor) -> bool:
+    """Validates the operands; returns whether the ``gathered`` one is stored transposed (allowed
+    with chunk > 1 only: its rows are then contiguous only along the runs of chunk ids)."""
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
         raise ValueError(f"{name}: operands must share one dtype of {_DTYPES}; got {sorted(map(str, dtypes))}")
+    if not isinstance(chunk, int) or chunk < 1 or chunk & (chunk - 1):
+        raise ValueError(f"{name}: chunk={chunk}; expected a power of two >= 1")
+    transposed = False
     for key, t in tensors.items():
-        if t.dim() != 2 or t.stride(-1) != 1:
-            raise ValueError(f"{name}: {key} must be 2-D with contiguous rows; got shape {tuple(t.shape)}")
+        if key == gathered and t.dim() == 2 and t.stride(-1) != 1 and t.stride(0) == 1 and chunk > 1:
+            transposed = True
+        elif t.dim() != 2 or t.stride(-1) != 1:
+            allowed = "contiguous rows" + (" or columns" if key == gathered and chunk > 1 else "")
+            got = f"shape {tuple(t.shape)}, stride {t.stride()}"
+            raise ValueError(f"{name}: {key} must be 2-D with {allowed}; got {got}")
     ids = tensors["ids"]
     if ids.dtype != torch.int32:
         raise ValueError(f"{name}: ids.dtype={ids.dtype}; expected torch.int32")
     if not isinstance(v, int) or v < 16 or v % 16:
         raise ValueError(f"{name}: V={v}; the gather kernels need V a multiple of 16")
+    if ids.shape[1] % chunk:
+        raise ValueError(f"{name}: {ids.shape[1]} ids per block is not a multiple of chunk={chunk}")
+    return transposed
 
 
 def gather_k_mm(
@@ -302,11 +342,14 @@ def gather_k_mm(
     v: int,
     bias: torch.Tensor | None = None,
     tma: bool | None = None,
+    chunk: int = 1,
 ) -> torch.Tensor:
     """[T, N] = per block of V rows, c[block] @ b[ids[block]] (+ bias [N]). c [T, Kc], ids [T/V, Kc], b [F, N].
 
-    ``tma``: load c through a TMA descriptor (None: see _tma)."""
-    _check("gather_k_mm", v, c=c, ids=ids, b=b)
+    ``tma``: load c through a TMA descriptor (None: see _tma). ``chunk`` > 1: every block's ids are
+    aligned runs of ``chunk`` consecutive units (neuron chunks, at multiples of chunk); then b may be
+    a transposed view (W2^T as ``w2.t()``: no copy), read in vectors along the runs."""
+    b_t = _check("gather_k_mm", v, "b", chunk, c=c, ids=ids, b=b)
     t, kc = c.shape
     if t % v or ids.shape != (t // v, kc):
         raise ValueError(f"gather_k_mm: c {tuple(c.shape)} and ids {tuple(ids.shape)} do not match V={v}")
@@ -318,8 +361,9 @@ def gather_k_mm(
     use_tma = _tma(c, tma)
     _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
         c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
-        t, n, kc, v, c.stride(0), ids.stride(0), b.stride(0), out.stride(0),
+        t, n, kc, v, c.stride(0), ids.stride(0), b.stride(1) if b_t else b.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma, B_I32=_i32_rows(b),
+        B_T=b_t, CHUNK=min(chunk, _MIN_ID_TILE),
     )  # fmt: skip
     return out
 
@@ -332,14 +376,16 @@ def gather_n_mm(
     r: torch.Tensor | None = None,
     tma: bool | None = None,
     persistent: bool | None = None,
+    chunk: int = 1,
 ) -> torch.Tensor:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
     a [T, K], bt [F, K], ids [T/V, Kc]. ``tma``: load a through a TMA descriptor (None: see _tma).
     ``persistent``: one program per SM walking the tiles (None: PERSISTENT_DEFAULT on CUDA).
+    ``chunk``: as in gather_k_mm (bt may then be a transposed view: W2^T as ``w2.t()``).
     """
     tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
-    _check("gather_n_mm", v, **tensors)
+    bt_t = _check("gather_n_mm", v, "bt", chunk, **tensors)
     t, k = a.shape
     kc = ids.shape[1]
     if t % v or ids.shape[0] != t // v or bt.shape[1] != k or (r is not None and r.shape != (t, kc)):
@@ -352,7 +398,9 @@ def gather_n_mm(
     persist = _persistent(a, persistent)
     _gather_n_kernel[_grid(t, kc, a.device, persist)](
         a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out,
-        t, kc, k, v, a.stride(0), bt.stride(0), ids.stride(0), r.stride(0) if r is not None else 0, out.stride(0),
+        t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),
+        r.stride(0) if r is not None else 0, out.stride(0),
         HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
+        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE),
     )  # fmt: skip
     return out

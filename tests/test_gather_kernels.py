@@ -146,3 +146,40 @@ def test_rejects_bad_input(call, match):
     b = torch.randn(32, 24, device=DEVICE)
     with pytest.raises(ValueError, match=match):
         call(h_c, ids, b)
+
+
+@pytest.mark.parametrize("c", [16, 32])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("i32", [True, False])
+def test_chunked_ids_read_the_weight_in_place(monkeypatch, c, dtype, i32):
+    """Neuron chunks: each block's ids are aligned runs of c units, so F2 and B1 read W2 [d, h] as
+    its transposed view w2.t() (no copy; vector loads along the runs). Same products as the
+    reference on a contiguous W2^T, both address widths (i32=False: the 64-bit path, forced)."""
+    if not i32:
+        monkeypatch.setattr(gather_gemm_triton, "_i32_rows", lambda b: False)
+    v, n, m, blocks, h, d = 16, 2, 8, 3, 512, 48
+    g = torch.Generator().manual_seed(c)
+    z = torch.randn(blocks * v, h, generator=g).to(DEVICE, dtype)
+    h_c, r_c, ids = vnm_compact_ref(z, None, v, n, m, c)
+    assert (ids.view(blocks, -1, c).diff(dim=2) == 1).all()  # runs of c consecutive units
+    w2 = torch.randn(d, h, generator=g).to(DEVICE, dtype)
+    dy = torch.randn(blocks * v, d, generator=g).to(DEVICE, dtype)
+    b2 = torch.randn(d, generator=g).to(DEVICE, dtype)
+    w2t = w2.t()
+    assert w2t.stride() == (1, h)
+    want_k = gather_k_mm_ref(h_c, ids, w2t.contiguous(), v, b2)
+    _close(gather_k_mm(h_c, ids, w2t, v, b2, chunk=c), want_k, dtype)
+    want_n = gather_n_mm_ref(dy, w2t.contiguous(), ids, v, r_c)
+    for persistent in (False, True):
+        _close(gather_n_mm(dy, w2t, ids, v, r_c, persistent=persistent, chunk=c), want_n, dtype)
+
+
+def test_transposed_weight_needs_chunked_ids():
+    h_c, r_c, ids, g = _compact(16, 2, 8, 2, 4, torch.float32, seed=5)
+    w2t = torch.randn(24, 32, generator=g).to(DEVICE).t()
+    with pytest.raises(ValueError, match="b must be 2-D with contiguous rows; got shape"):
+        gather_k_mm(h_c, ids, w2t, 16)
+    with pytest.raises(ValueError, match="chunk=3; expected a power of two"):
+        gather_k_mm(h_c, ids, w2t.contiguous(), 16, chunk=3)
+    with pytest.raises(ValueError, match="16 ids per block is not a multiple of chunk=32"):
+        gather_n_mm(torch.randn(32, 24).to(DEVICE), w2t, ids, 16, r_c, chunk=32)

@@ -127,19 +127,22 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     for cfg in gemm._configs(gemm._TILES[:2]):  # the language is the same in every config; two tile shapes
         bm, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]
         # the contiguous operand through pointers or a TMA descriptor; one program per tile or persistent
-        for tma, persistent in ((False, False), (True, False), (True, True)):
+        # b_t: W2 read in place along runs of 64 chunk ids (the chunk path), else rows of a contiguous W2^T
+        for tma, persistent, b_t in ((False, False, False), (True, False, False), (True, True, False),
+                                     (True, False, True), (True, True, True)):  # fmt: skip
             a_desc = f"tensordesc<bf16[{bm},{bk}]>" if tma else "*bf16"
-            suffix = (" TMA" if tma else "") + (" persistent" if persistent else "")
+            suffix = (" TMA" if tma else "") + (" persistent" if persistent else "") + (" chunk W^T" if b_t else "")
+            chunk = {"B_T": b_t, "CHUNK": 64 if b_t else 1}
             if not persistent:
-                ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False, USE_TMA=tma, B_I32=tma)
+                ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False, USE_TMA=tma, B_I32=tma, **chunk)
                 names = "c_ptr a_desc ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
-                names += "HAS_BIAS IEEE USE_TMA B_I32 BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+                names += "HAS_BIAS IEEE USE_TMA B_I32 B_T CHUNK BLOCK_M BLOCK_N BLOCK_K GROUP_M"
                 types = {"c_ptr": "*bf16", "a_desc": a_desc, "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16"}
                 types["out_ptr"] = "*bf16"
                 cases.append((f"gather_k{suffix} {cfg.kwargs}", gemm._gather_k_kernel.fn, _sig(names, ce, types), ce))
-            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent)
+            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, **chunk)
             names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr T KC K V stride_a stride_bt stride_ids stride_r "
-            names += "stride_out HAS_R IEEE USE_TMA PERSISTENT BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+            names += "stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK BLOCK_M BLOCK_N BLOCK_K GROUP_M"
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
             types["out_ptr"] = "*bf16"
             cases.append((f"gather_n{suffix} {cfg.kwargs}", gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
@@ -197,6 +200,9 @@ VECTORIZED = (
 # The selection kernel's second pass reads only the 4 kept columns of each M-group (a gather at the
 # ids, 4 scalar loads per group and row, all inside the group's 32-byte sector).
 GATHERED_LOADS = ("select",)
+# The gathers that read W2 in place along runs of chunk ids: every async copy (the gathered weight
+# tile, the ids) a full 16-byte vector, as on a contiguous W2^T; the hint on the ids is what makes it so.
+WIDE_COPIES = ("gather_k TMA chunk", "gather_n TMA chunk", "gather_n TMA persistent chunk")
 # One program stores its C column sums (64 values over 128-256 threads): scalar stores by design; its loads are checked.
 SUMMED_STORES = ("chunk colsum",)
 
@@ -253,6 +259,9 @@ def main() -> int:
             continue
         ptx, sass = compiled.asm["ptx"], sass_counts(compiled.asm["cubin"])
         ops = memory_ops(ptx)
+        copies = re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], (0x[0-9a-f]+|\d+)", ptx)
+        ops.update(f"cp.async {int(n, 0)}B" for n in copies)
+        narrow = {k: v for k, v in ops.items() if k.startswith("cp.async") and k != "cp.async 16B"}
         scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
         if name.startswith(GATHERED_LOADS):  # their gathered reads are scalar by design; stores must not be
             scalar16 = {k: v for k, v in scalar16.items() if k.startswith("st.")}
@@ -262,6 +271,9 @@ def main() -> int:
         if name.startswith(VECTORIZED) and scalar16:
             failed += 1
             print(f"FAILED  {name}: scalar 16-bit global accesses {scalar16} (all: {dict(ops)})")
+        elif name.startswith(WIDE_COPIES) and narrow:
+            failed += 1
+            print(f"FAILED  {name}: async copies narrower than 16 bytes {narrow} (all: {dict(ops)})")
         elif racy:
             failed += 1
             print(f"FAILED  {name}: one-slot pipelined tiles under async wgmma: {racy}")

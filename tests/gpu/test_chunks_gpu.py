@@ -8,7 +8,7 @@ import torch
 from sparse_compile import SparsityConfig
 from sparse_compile.dispatch import GATHER
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
-from sparse_compile.kernels.gather_reference import vnm_scatter_ref
+from sparse_compile.kernels.gather_reference import gather_k_mm_ref, vnm_scatter_ref
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel, train_gpt
@@ -50,6 +50,30 @@ def test_chunk_wgrad_matches_the_dense_product(c, square, transpose):
     want = chunk_wgrad_ref(r_c, ids, b, 128, h, square=square)
     assert torch.isfinite(got).all()
     assert _rel(got.t() if transpose else got, want) < 1e-2
+
+
+@pytest.mark.parametrize("c", [16, 32, 64])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gathers_read_w2_in_place(c, persistent):
+    """F2 and B1 on W2 [d, h] read in place (w2.t(), vector loads along the chunk runs) agree with the
+    same kernels on a contiguous W2^T to bf16 rounding (autotuned apart, the tiles may differ; a wrong
+    run hint reads other units' weights: an O(1) difference)."""
+    from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+    from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+
+    t, h, d = 16384, 8192, 2048
+    g = torch.Generator(device="cuda").manual_seed(c)
+    h_c, r_c, ids = vnm_select_chunks(torch.randn(t, h, device="cuda", generator=g).bfloat16(), None, 128, 4, 16, c)
+    w2 = torch.randn(d, h, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    b2 = torch.randn(d, device="cuda", generator=g).bfloat16()
+    w2t = w2.t().contiguous()
+    _poison()
+    y = gather_k_mm(h_c, ids, w2.t(), 128, b2, chunk=c)
+    assert _rel(y, gather_k_mm(h_c, ids, w2t, 128, b2)) < 5e-3
+    dz = gather_n_mm(dy, w2.t(), ids, 128, r_c, persistent=persistent, chunk=c)
+    assert _rel(dz, gather_n_mm(dy, w2t, ids, 128, r_c, persistent=persistent)) < 5e-3
+    assert _rel(y, gather_k_mm_ref(h_c, ids, w2t, 128, b2)) < 1e-2
 
 
 @pytest.mark.parametrize("h,c", [(4096, 64), (8192, 64), (8192, 32), (12288, 64)])
@@ -116,9 +140,15 @@ def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
 
 
 def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels():
-    curves = {}
-    for kernels in ("auto", "reference"):
-        curves[kernels], kernel_names, _ = train_gpt({"activations": "128:2:16", "chunk": 32, "kernels": kernels})
-        assert kernel_names == ({GATHER} if kernels == "auto" else {"reference (cuda)"})
-    assert curves["auto"][-1] < curves["auto"][0] - 1.0
-    torch.testing.assert_close(curves["auto"], curves["reference"], rtol=3e-2, atol=3e-2)
+    """The chunk kernels' curve stays within twice the reference curve's own spread under a bf16-rounding
+    perturbation of the initial weights (50 steps of memorizing one batch amplify any rounding)."""
+    options = {"activations": "128:2:16", "chunk": 32}
+    fast, kernels, _ = train_gpt({**options, "kernels": "auto"})
+    assert kernels == {GATHER}
+    ref, ref_kernels, _ = train_gpt({**options, "kernels": "reference"})
+    assert ref_kernels == {"reference (cuda)"}
+    noise = (train_gpt({**options, "kernels": "reference"}, perturb=True)[0] - ref).abs().max().item()
+    assert fast[-1] < fast[0] - 1.0
+    torch.testing.assert_close(fast[:3], ref[:3], rtol=2e-3, atol=0.0)
+    gap = (fast - ref).abs().max().item()
+    assert gap <= 2 * noise + 1e-2, f"gap {gap:.3f}, noise {noise:.3f}\n{fast}\n{ref}"
