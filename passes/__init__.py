@@ -111,7 +111,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         described = _describe(match.first, match.second, False, "")
         reason = illegal_reason(match, config)
         if reason is None and config.small_ffn == "dense":
-            reason = small_site_reason(described.work, described.device, cuda_graphs)
+            reason = small_site_reason(described.work, described.device, cuda_graphs, config.chunk > 1)
         if reason is not None:
             records.append(dataclasses.replace(described, reason=reason))
             continue

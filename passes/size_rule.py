@@ -2,17 +2,24 @@
 
 Each sparse site adds its Python, the custom op's dispatch and 12-15 kernel launches per training
 step: about 1.5 ms of host time on an H100 machine (bench/RESULTS.md section 2). Below the sizes
-here that cost more than the GPU time the site saves, so the step got slower than dense:
-without CUDA graphs 350M (T x d x h = 16384 x 1024 x 4096 = 2**36) ran 0.94x-0.97x and 125M
-(3.9e10) 0.55x, while 1.3B (2.7e11) ran 1.16x-1.27x; with CUDA graphs 350M ran 1.03x-1.06x and
-125M 0.995x. The rule depends only on the shapes and the compile mode, so the same compile always
-decides the same way.
+here that cost more than the GPU time the site saves, so the step got slower than dense. Measured
+end to end on an H100 (T x d x h: 125M 16384 x 768 x 3072 = 3.9e10, 350M 16384 x 1024 x 4096 =
+2**36, 1.3B 2.7e11), dense torch.compile in the same run:
+
+  plain patterns (chunk 1), causal 128:4:16 at bc520ee: without CUDA graphs 350M 0.94x-0.97x,
+  125M 0.55x, 1.3B 1.16x; with CUDA graphs 350M 1.03x, 125M 0.995x.
+  neuron chunks (chunk > 1), causal 128:4:16 chunk 64 at 349ef49 (one launch fewer per W2 read,
+  a one-launch csr): without CUDA graphs 350M 1.146x, 125M 0.530x, 1.3B 1.297x; with CUDA
+  graphs 350M 1.117x, 125M 1.049x.
+
+The rule depends only on the shapes, the pattern's chunking and the compile mode, so the same
+compile always decides the same way.
 """
 
 # torch.compile modes that run the compiled graphs as CUDA graphs (no per-kernel host work)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-SMALL_FFN = 2**37  # without CUDA graphs: T x d x h below this stays dense (1.4e11)
-SMALL_FFN_GRAPHS = 2**36  # with CUDA graphs (6.9e10): 350M's 2**36 runs sparse, 125M stays dense
+# T x d x h below the bound stays dense: (without CUDA graphs, with them), by chunking
+SMALL_FFN = {False: (2**37, 2**36), True: (2**36, 2**35)}
 
 
 def uses_cuda_graphs(mode: str | None, inductor: dict | None = None) -> bool:
@@ -21,17 +28,26 @@ def uses_cuda_graphs(mode: str | None, inductor: dict | None = None) -> bool:
     return bool(flag) if flag is not None else mode in CUDA_GRAPH_MODES
 
 
-def small_site_reason(work: float, device: str, cuda_graphs: bool) -> str | None:
+def small_ffn_bound(cuda_graphs: bool, chunked: bool) -> int:
+    """T x d x h under which a CUDA site stays dense: 2**37 / 2**36 (without / with CUDA graphs) for
+    plain patterns, 2**36 / 2**35 with neuron chunks (their fewer launches measured to pay at 350M
+    without graphs and at 125M with them)."""
+    return SMALL_FFN[chunked][cuda_graphs]
+
+
+def small_site_reason(work: float, device: str, cuda_graphs: bool, chunked: bool = False) -> str | None:
     """Why a site with T x d x h = ``work`` on ``device`` stays dense under ``small_ffn="dense"``, or None."""
     if device != "cuda":
         return None
-    bound = SMALL_FFN_GRAPHS if cuda_graphs else SMALL_FFN
+    bound = small_ffn_bound(cuda_graphs, chunked)
     if work >= bound:
         return None
     graphs = "with" if cuda_graphs else "without"
+    measured = "125M: 0.53x" if chunked else "125M-350M: 0.55x-0.97x"
     return (
-        f"small FFN: T x d x h = {work:.2g} < {bound:.2g} {graphs} CUDA graphs, where the sparse op's host work "
-        f"(about 1.5 ms per step) measured more than its GPU saving (125M-350M: 0.55x-0.97x of dense); "
-        f"small_ffn='sparse' runs it sparse anyway"
-        + ("" if cuda_graphs else ", mode='reduce-overhead' lowers the bound to 6.9e10")
+        f"small FFN: T x d x h = {work:.2g} < {bound:.2g} {graphs} CUDA graphs"
+        + (" (neuron chunks)" if chunked else "")
+        + f", where the sparse op's host work (about 1.5 ms per step) measured more than its GPU saving "
+        f"({measured} of dense); small_ffn='sparse' runs it sparse anyway"
+        + ("" if cuda_graphs else f", mode='reduce-overhead' lowers the bound to {small_ffn_bound(True, chunked):.2g}")
     )

@@ -6,13 +6,13 @@ from tabulate import tabulate
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
-from sparse_compile.passes.size_rule import SMALL_FFN, SMALL_FFN_GRAPHS
+from sparse_compile.passes.size_rule import small_ffn_bound
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 HOST_HINT = (
     "note: {n} CUDA site(s) under the small-FFN bound (T x d x h < {bound:.2g} {graphs} CUDA graphs) run sparse "
     "because small_ffn='sparse': each adds about 1.5 ms of host work per step, measured slower than dense there "
-    "(125M-350M: 0.55x-0.97x without CUDA graphs; bench/RESULTS.md section 2)"
+    "(bench/RESULTS.md section 2; passes/size_rule.py)"
 )
 
 
@@ -80,7 +80,7 @@ class Report:
         """Lines under the summary: HOST_HINT when small_ffn='sparse' runs CUDA sites below the size
         rule's bound sparse (passes/size_rule.py: a size rule, the same compile always says the same)."""
         graphs = self.cuda_graphs
-        bound = SMALL_FFN_GRAPHS if graphs else SMALL_FFN
+        bound = small_ffn_bound(graphs, self.config.chunk > 1)
         small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < bound]
         if not small:
             return []

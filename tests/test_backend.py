@@ -307,6 +307,12 @@ def test_small_cuda_sites_stay_dense_by_the_size_rule(monkeypatch):
     assert "6.9e+10" in size_rule.small_site_reason(2**36 - 1, "cuda", True)
     assert "1.4e+11" in size_rule.small_site_reason(2**36, "cuda", False)
     assert size_rule.small_site_reason(2**36, "cuda", True) is None
+    # neuron chunks: one bound lower in each mode (350M's 2**36 sparse without graphs, 125M's 3.9e10 with)
+    assert size_rule.small_site_reason(2**36, "cuda", False, chunked=True) is None
+    assert "6.9e+10 without CUDA graphs (neuron chunks)" in size_rule.small_site_reason(2**36 - 1, "cuda", False, True)
+    assert size_rule.small_site_reason(3.9e10, "cuda", True, chunked=True) is None
+    assert "3.4e+10 with CUDA graphs" in size_rule.small_site_reason(3.3e10, "cuda", True, chunked=True)
+    assert "lowers the bound to 3.4e+10" in size_rule.small_site_reason(3.9e10, "cuda", False, chunked=True)
     assert size_rule.uses_cuda_graphs("reduce-overhead") and size_rule.uses_cuda_graphs("max-autotune")
     assert not size_rule.uses_cuda_graphs(None) and not size_rule.uses_cuda_graphs("max-autotune-no-cudagraphs")
     assert size_rule.uses_cuda_graphs(None, {"triton.cudagraphs": True})
@@ -314,8 +320,8 @@ def test_small_cuda_sites_stay_dense_by_the_size_rule(monkeypatch):
     with pytest.raises(ValueError, match="small_ffn='tiny'"):
         SparsityConfig(activations="16:2:8", small_ffn="tiny")
 
-    monkeypatch.setattr(passes, "small_site_reason", lambda work, device, graphs: size_rule.small_site_reason(
-        work, "cuda", graphs))  # fmt: skip
+    monkeypatch.setattr(passes, "small_site_reason", lambda work, device, graphs, chunked: size_rule.small_site_reason(
+        work, "cuda", graphs, chunked))  # fmt: skip
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 128), SquaredReLU(), nn.Linear(128, 32))
     x = torch.randn(4, 16, 32)

@@ -92,7 +92,7 @@ def test_speed_quality_table_is_the_measured_csvs():
             "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.4_b64ab84.csv",
         ),
         (f"`{chunk64}`", "10% / 40%"): (
-            ("h100_e2e_1.3b_chunk_a509109.csv", chunk64),
+            ("h100_e2e_1.3b_chunk_349ef49.csv", chunk64),
             "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_fd40_bc520ee.csv",
         ),
         ('`{"activations": "128:4:16", "causal": true, "permute": true}`', "10% / 25%, re-clustered every 100 steps"): (
