@@ -40,6 +40,12 @@ def chunk_path_supports(v: int, m: int, c: int) -> bool:
     return chunk_supports(v, m, c) and chunk_wgrad_supports(v, c)
 
 
+def _w2t(w2: torch.Tensor, chunk: int) -> torch.Tensor:
+    """W2^T [h, d] for the gathers: with chunks (ids in runs of chunk units) the view w2.t(), read in
+    place along the runs (no copy), when w2 has contiguous rows; else a contiguous copy."""
+    return w2.t() if chunk > 1 and w2.stride(1) == 1 else transpose_copy(w2)
+
+
 def compact_dz(dh: torch.Tensor, ids: torch.Tensor, r_c: torch.Tensor, v: int) -> torch.Tensor:
     """dZ_c [T, Kc] = dH [T, h] at the kept columns (ids [T/V, Kc]) * 2 r_c: the gather-N
     kernel's epilogue, on a dense dH (2 r_c is exact, so one rounding, as in the kernel)."""
@@ -79,9 +85,7 @@ def sqrelu_ffn_forward_gather(
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
     else:
-        # chunked ids come in runs: W2^T read in place (w2.t(), vectors along the runs), no copy
-        w2t = w2.t() if chunk > 1 else transpose_copy(w2)
-        y = gather_k_mm(h_c, ids, w2t, v, b2, chunk=chunk)
+        y = gather_k_mm(h_c, ids, _w2t(w2, chunk), v, b2, chunk=chunk)
     return y, r_c, ids
 
 
@@ -109,7 +113,7 @@ def sqrelu_ffn_backward_gather(
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
-        dz_c = gather_n_mm(dy, w2.t() if chunk > 1 else transpose_copy(w2), ids, v, r_c, chunk=chunk)
+        dz_c = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk)
     if chunk > 1:
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
