@@ -125,7 +125,7 @@ def _chunk_wgrad_kernel(
     # A feeds the dot only: a tl.sum of A's tile here (db1) makes Triton 3.6 keep one shared buffer of
     # A that the next step's async copy overwrites under the in-flight wgmma (dW1 1-4% off on an
     # H100; tests/triton_sm90_compile.py flags that pattern), and db1 as ones^T A on the tensor
-    # cores costs +78% (0.417 -> 0.742 ms at (16384, 2048, 8192), H100): db1 is chunk_colsum's launch
+    # cores costs +78% (0.417 -> 0.742 ms at (16384, 2048, 8192), H100): db1 is chunk_colsum's
     # one flat loop over (kept block, K step), so the loads of the next step are issued under this
     # step's dot (the index loads cost a pipeline stage, as in gather_k)
     for i in range(i0, n_iter):

@@ -90,6 +90,20 @@ def train_gpt(options: dict, perturb: bool = False, steps: int = 50) -> tuple[to
     return torch.tensor(losses), {s.kernel for s in sites}, [s.record.reason for s in sites]
 
 
+def assert_trains_like_reference(fast: torch.Tensor, options: dict) -> None:
+    """``fast`` (train_gpt's losses on the fast kernels) against the reference kernels' run of the same
+    ``options``: the run memorizes its batch, which amplifies rounding differences in its steep
+    middle; so the first steps equal to 2e-3, and every step within twice the gap that a
+    bf16-rounding-sized perturbation of the initial weights opens in the reference run."""
+    ref, ref_kernels, _ = train_gpt({**options, "kernels": "reference"})
+    assert ref_kernels == {"reference (cuda)"}
+    noise = (train_gpt({**options, "kernels": "reference"}, perturb=True)[0] - ref).abs().max().item()
+    assert fast[-1] < fast[0] - 1.0
+    torch.testing.assert_close(fast[:3], ref[:3], rtol=2e-3, atol=0.0)
+    gap = (fast - ref).abs().max().item()
+    assert gap <= 2 * noise + 1e-2, f"gap {gap:.3f}, noise {noise:.3f}\n{fast}\n{ref}"
+
+
 def test_gpt_trains_on_cuda_with_the_sparse_backend():
     losses, _, notes = train_gpt({}, steps=30)  # the default config
     assert losses[-1] < losses[0] - 1.0  # memorizes the one batch
