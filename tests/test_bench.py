@@ -148,9 +148,19 @@ def test_train_smoke_on_cpu(tmp_path):
         (["--time-limit", "0"], "expected seconds > 0"),
     ],
 )
-def test_bad_arguments_exit_non_zero(args, message):
-    done = subprocess.run([sys.executable, "-m", "bench.train", *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and message in done.stderr
+def test_bad_arguments_exit_non_zero(args, message, capsys):
+    from bench.train import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(args)
+    assert e.value.code != 0 and message in capsys.readouterr().err
+
+
+def test_bad_argument_exits_non_zero_from_the_command_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.train", "--steps", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "expected an int > 0" in done.stderr
 
 
 def test_resumed_runs_equal_the_uninterrupted_run(tmp_path):

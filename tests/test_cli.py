@@ -39,6 +39,14 @@ def test_explain_prints_the_report(capsys):
         (["explain", "nomodule_here:f", "--input-shape", "2"], "cannot load"),
     ],
 )
-def test_bad_arguments_exit_non_zero_with_a_message(argv, message):
+def test_bad_arguments_exit_non_zero_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    # argparse prints its message and exits 2; SystemExit(message) is printed by the interpreter (exit 1)
+    assert e.value.code not in (0, None) and message in capsys.readouterr().err + str(e.value.code)
+
+
+def test_bad_argument_exits_non_zero_from_the_command_line():
+    argv = ["explain", "bench.model:tiny", "--input-shape", "2,x"]
     out = subprocess.run([sys.executable, "-m", "sparse_compile.cli", *argv], capture_output=True, text=True)
-    assert out.returncode != 0 and message in out.stderr
+    assert out.returncode != 0 and "comma-separated ints" in out.stderr

@@ -20,6 +20,7 @@ Triton's default 4 warps, not each kernel's launch setting (the fused 2:4 kernel
 GPU time.
 """
 
+import multiprocessing
 import os
 import re
 import subprocess
@@ -251,47 +252,49 @@ def sass_counts(cubin: bytes) -> str:
     return f"regs {regs.group(1) if regs else '?'}, SASS {len(lines)} instructions, {barriers} barriers; "
 
 
-def main() -> int:
-    failed = 0
+def check(index: int) -> tuple[bool, str]:
+    """Compile kernels()[index] both ways and read its PTX/TTGIR: (failed, the report line)."""
+    name, fn, signature, constexprs = kernels()[index]
     target = GPUTarget("cuda", 90, 32)
-    for name, fn, signature, constexprs in kernels():
-        try:
-            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
-            div16 = {
-                (i,): [["tt.divisibility", 16]]
-                for i, n in enumerate(signature)
-                if signature[n] != "constexpr" and not signature[n].startswith("tensordesc")
-            }
-            compiled = triton.compile(
-                ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target
-            )
-        except Exception as e:  # noqa: BLE001 - report every kernel, then fail
-            failed += 1
-            print(f"FAILED  {name}: {type(e).__name__}: {str(e)[:2000]}")
-            continue
-        ptx, sass = compiled.asm["ptx"], sass_counts(compiled.asm["cubin"])
-        ops = memory_ops(ptx)
-        copies = re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], (0x[0-9a-f]+|\d+)", ptx)
-        ops.update(f"cp.async {int(n, 0)}B" for n in copies)
-        narrow = narrow_half_copies(compiled.asm["ttgir"])
-        scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
-        if name.startswith(GATHERED_LOADS):  # their gathered reads are scalar by design; stores must not be
-            scalar16 = {k: v for k, v in scalar16.items() if k.startswith("st.")}
-        if name.startswith(SUMMED_STORES):
-            scalar16 = {k: v for k, v in scalar16.items() if k.startswith("ld.")}
-        racy = single_buffered_async_dots(compiled.asm["ttgir"])
-        if name.startswith(VECTORIZED) and scalar16:
-            failed += 1
-            print(f"FAILED  {name}: scalar 16-bit global accesses {scalar16} (all: {dict(ops)})")
-        elif name.startswith(WIDE_COPIES) and narrow:
-            failed += 1
-            print(f"FAILED  {name}: 16-bit tiles copied in pieces under 16 bytes {narrow} (all: {dict(ops)})")
-        elif racy:
-            failed += 1
-            print(f"FAILED  {name}: one-slot pipelined tiles under async wgmma: {racy}")
-        else:
-            print(f"ok      {name}  {sass}{dict(ops)}")
-    return 1 if failed else 0
+    try:
+        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+        div16 = {
+            (i,): [["tt.divisibility", 16]]
+            for i, n in enumerate(signature)
+            if signature[n] != "constexpr" and not signature[n].startswith("tensordesc")
+        }
+        compiled = triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target
+        )
+    except Exception as e:  # noqa: BLE001 - report every kernel, then fail
+        return True, f"FAILED  {name}: {type(e).__name__}: {str(e)[:2000]}"
+    ptx, sass = compiled.asm["ptx"], sass_counts(compiled.asm["cubin"])
+    ops = memory_ops(ptx)
+    copies = re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], (0x[0-9a-f]+|\d+)", ptx)
+    ops.update(f"cp.async {int(n, 0)}B" for n in copies)
+    narrow = narrow_half_copies(compiled.asm["ttgir"])
+    scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
+    if name.startswith(GATHERED_LOADS):  # their gathered reads are scalar by design; stores must not be
+        scalar16 = {k: v for k, v in scalar16.items() if k.startswith("st.")}
+    if name.startswith(SUMMED_STORES):
+        scalar16 = {k: v for k, v in scalar16.items() if k.startswith("ld.")}
+    racy = single_buffered_async_dots(compiled.asm["ttgir"])
+    if name.startswith(VECTORIZED) and scalar16:
+        return True, f"FAILED  {name}: scalar 16-bit global accesses {scalar16} (all: {dict(ops)})"
+    if name.startswith(WIDE_COPIES) and narrow:
+        return True, f"FAILED  {name}: 16-bit tiles copied in pieces under 16 bytes {narrow} (all: {dict(ops)})"
+    if racy:
+        return True, f"FAILED  {name}: one-slot pipelined tiles under async wgmma: {racy}"
+    return False, f"ok      {name}  {sass}{dict(ops)}"
+
+
+def main() -> int:
+    """Every kernel checked, one process per core (each compile is single-threaded); lines in kernels() order."""
+    with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, 8)) as pool:
+        results = pool.map(check, range(len(kernels())), chunksize=1)
+    for _, line in results:
+        print(line)
+    return 1 if any(failed for failed, _ in results) else 0
 
 
 if __name__ == "__main__":
