@@ -99,6 +99,13 @@ def test_speed_quality_table_is_the_measured_csvs():
             None,
             "h100_125m_2400steps_seeds_128-4-16-causal-permute_recluster-100_b64ab84.csv",
         ),
+        (
+            '`{"activations": "128:4:16", "causal": true, "chunk": 64, "permute": true}`',
+            "10% / 40%, re-clustered every 100 steps",
+        ): (
+            None,
+            "h100_125m_2400steps_seeds_128-4-16-causal-chunk64-permute_recluster-100_fd40_e8b4234.csv",
+        ),
     }
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
     table = _table_after(README, header)[2:]
