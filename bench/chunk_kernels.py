@@ -13,6 +13,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
   F2, B1 in place  the gather GEMMs reading W2 [d, h] as w2.t() along the chunk runs, vs the same GEMM
                on a contiguous W2^T with the transpose copy (the baseline) and without it (ceiling ms); the
                check is the relative difference of the two (autotuned separately: tiles may differ)
+  B1 + db1     B1 with its epilogue's row-tile column sums, then db1 from them, against B1 and then
+               db1 from dZ~ (one more read of dZ~); the check: the two dZ~'s and db1's relative differences
   csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -154,6 +156,20 @@ def measure(
         rows.append({**label, "kernel": name, "ms": _ms(lambda fn=fn: fn(w2.t())), "check": f"rel {err:.1e}",
                      "baseline": "transpose_copy + GEMM", "baseline ms": _ms(lambda fn=fn: fn(transpose_copy(w2))),
                      "ceiling ms": _ms(lambda fn=fn: fn(w2t))})  # fmt: skip
+
+    # B1 + db1 as the op runs them: B1's epilogue writes its row tiles' column sums, db1 adds them up
+    # over the csr; baseline: B1, then db1 from dZ~ (a torch reduction over dZ~, then the same sum)
+    def b1_db1(sums: bool):
+        if sums:
+            dz, tile_sums = gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c, tile_sums=True)
+            return dz, chunk_colsum(dz, ids, v, c, h, csr, tile_sums)
+        dz = gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c)
+        return dz, chunk_colsum(dz, ids, v, c, h, csr)
+
+    (dz_a, db_a), (dz_b, db_b) = b1_db1(True), b1_db1(False)
+    check = f"dZ~ rel {_rel(dz_a, dz_b):.1e}, db1 rel {_rel(db_a, db_b):.1e}"  # tuned apart: tiles may differ
+    rows.append({**label, "kernel": "B1 + db1, sums in B1's epilogue", "ms": _ms(lambda: b1_db1(True)), "check": check,
+                 "baseline": "B1, then db1 from dZ~", "baseline ms": _ms(lambda: b1_db1(False))})  # fmt: skip
     _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
 
     def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice

@@ -26,9 +26,9 @@ once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024
 at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at least 4 programs
 per SM.
 
-db1 = scatter(dZ~).sum(0) is ``chunk_colsum``: per-block column sums of dZ~, then one program per
-chunk over the same csr (deterministic). Summed inside the wgrad kernel it either raced (tl.sum) or
-cost +78% (a ones dot).
+db1 = scatter(dZ~).sum(0) is ``chunk_colsum``: per-block column sums of dZ~ (or the row-tile sums
+that B1's gather-N epilogue wrote), then one program per chunk over the same csr (deterministic).
+Summed inside the wgrad kernel it either raced (tl.sum) or cost +78% (a ones dot).
 """
 
 import torch
@@ -156,11 +156,12 @@ def _chunk_wgrad_kernel(
 
 @triton.jit
 def _chunk_colsum_kernel(
-    part_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, KC, C: tl.constexpr, ENT: tl.constexpr,
+    part_ptr, db_ptr, offsets_ptr, blocks_ptr, cols_ptr, KC, R, C: tl.constexpr, ENT: tl.constexpr,
 ):  # fmt: skip
-    """Program j: db[j*C + o] = sum over chunk j's entries e (blocks ascending, ENT at a time) of
-    part[blocks[e], cols[e] + o], part the float32 per-block column sums [T/V, Kc]. Reads
-    E x c x 4 bytes in all (1 MB at (16384, 8192), keep 1/4)."""
+    """Program j: db[j*C + o] = sum over chunk j's entries e (blocks ascending, ENT at a time) and
+    the R row tiles of each block of part[blocks[e] R + r, cols[e] + o], part the float32 column
+    sums of row tiles [T/V x R, Kc]. Reads E x R x c x 4 bytes in all (1 MB at (16384, 8192), keep
+    1/4, R = 1)."""
     chunk = tl.program_id(0)
     start = tl.load(offsets_ptr + chunk)
     end = tl.load(offsets_ptr + chunk + 1)
@@ -172,28 +173,43 @@ def _chunk_colsum_kernel(
         ok = e < end
         blk = tl.load(blocks_ptr + e, mask=ok, other=0)
         col = tl.multiple_of(tl.load(cols_ptr + e, mask=ok, other=0), C)  # a chunk starts at a multiple of c
-        x = tl.load(part_ptr + (blk * KC + col)[:, None] + oc[None, :], mask=ok[:, None], other=0.0)
-        acc += tl.sum(x, axis=0)
+        for r in range(R):
+            x = tl.load(part_ptr + ((blk * R + r) * KC + col)[:, None] + oc[None, :], mask=ok[:, None], other=0.0)
+            acc += tl.sum(x, axis=0)
     tl.store(db_ptr + chunk * C + oc, acc.to(db_ptr.dtype.element_ty))
 
 
 def chunk_colsum(
     a: torch.Tensor, ids: torch.Tensor, v: int, c: int, h: int,
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    tile_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """scatter(a).sum(0) [h] in a's dtype, summed in float32 (B4's db1 from the compact dZ~), in two
     launches, both deterministic: the column sums of each V-row block of a (a dense reduction over
     all of a's T x Kc elements, [T/V, Kc] float32 out), then one program per chunk adding its kept
     blocks' sums over the csr lists. One program per chunk over a itself was bound by the chunks most
-    blocks keep. ``csr`` as in chunk_wgrad."""
+    blocks keep. ``csr`` as in chunk_wgrad. ``tile_sums``: a's float32 column sums over row tiles of
+    R rows, R dividing V ([T/R, Kc], gather_n_mm(..., tile_sums=True)), in place of the first launch."""
     _check(a, ids, a, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_colsum: c={c} (a power of two >= 16), V={v} (a multiple of 16)")
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     nb, kc = ids.shape
-    part = a.reshape(nb, v, kc).sum(1, dtype=torch.float32)  # [T/V, Kc]
+    if tile_sums is None:
+        part, per_block = a.reshape(nb, v, kc).sum(1, dtype=torch.float32), 1  # [T/V, Kc]
+    else:
+        per_block = tile_sums.shape[0] // nb  # row tiles per block, V / R
+        shape_ok = tile_sums.dim() == 2 and tile_sums.shape == (nb * per_block, kc) and per_block and v % per_block == 0
+        if not shape_ok or tile_sums.dtype != torch.float32 or not tile_sums.is_contiguous():
+            raise ValueError(
+                f"chunk_colsum: tile_sums {tuple(tile_sums.shape)} {tile_sums.dtype}; expected contiguous float32 "
+                f"[T/R, {kc}] with R dividing V={v} (T={a.shape[0]})"
+            )
+        part = tile_sums
     db = torch.empty(h, device=a.device, dtype=a.dtype)
-    _chunk_colsum_kernel[(h // c,)](part, db, offsets, blocks, cols, kc, C=c, ENT=max(1, 2048 // c), num_warps=4)
+    _chunk_colsum_kernel[(h // c,)](
+        part, db, offsets, blocks, cols, kc, per_block, C=c, ENT=max(1, 2048 // c), num_warps=4
+    )
     return db
 
 

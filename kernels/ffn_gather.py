@@ -12,7 +12,8 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
       db1 = scatter(dZ_c).sum(0)        from the compact dZ in one launch (compact_scatter_triton.vnm_colsum)
 With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
 and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py; db1 from
-chunk_wgrad_triton.chunk_colsum): no scatter, no [T, h] tensor, keep-fraction x the dense work;
+chunk_wgrad_triton.chunk_colsum over the row-tile column sums that B1's epilogue wrote): no scatter,
+no [T, h] tensor, keep-fraction x the dense work;
 F2 and B1 read W2 in place (its kept columns are runs of c units): no transposed copy of W2.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
@@ -110,17 +111,19 @@ def sqrelu_ffn_backward_gather(
     (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
     With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on r_c and dZ_c."""
     _check_chunk(v, m, chunk, dense, weight_grad)
-    if "B1" in dense:
-        dz_c = compact_dz(dy @ w2, ids, r_c, v)
-    else:
-        dz_c = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk)
-    if chunk > 1:
+    if chunk > 1:  # B1 also writes its row tiles' column sums: db1's first step
+        dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True)
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
         dw2 = chunk_wgrad(r_c, ids, dy, v, chunk, hidden, square=True, transpose=True, csr=csr)
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
-        return dx, dw1, chunk_colsum(dz_c, ids, v, chunk, hidden, csr), dw2, dy.sum(0)
+        db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
+        return dx, dw1, db1, dw2, dy.sum(0)
+    if "B1" in dense:
+        dz_c = compact_dz(dy @ w2, ids, r_c, v)
+    else:
+        dz_c = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h

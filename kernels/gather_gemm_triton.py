@@ -6,6 +6,7 @@ BLOCK_M rows inside one block multiplies against one set of gathered rows of a d
   gather_k_mm  C[T, N]  = c[T, Kc] @ b[ids, :]            K = Kc  (F2: b = W2^T [h, d]; B3: b = W1 [h, d])
   gather_n_mm  C[T, Kc] = a[T, K] @ bt[ids, :]^T          N = Kc  (B1: a = dY, bt = W2^T [h, d])
                with the dZ epilogue: C = round(C) * 2 r   (r = compact relu(Z), 0 where a row drops)
+               and optionally each row tile's column sums of C in float32 (db1's first step)
 
 FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F. Bytes: the
 gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
@@ -66,6 +67,7 @@ _GATHER_K_TILES = list(dict.fromkeys([(bm, bn, bk, s + 2, w) for bm, bn, bk, s, 
 # The narrowest id tile of any config (gather_k's BLOCK_K, gather_n's BLOCK_N): runs of chunk ids
 # are hinted at most this long, so a run never outlasts its tile.
 _MIN_ID_TILE = min(min(bk for _, _, bk, _, _ in _GATHER_K_TILES), min(bn for _, bn, _, _, _ in _TILES))
+_MIN_BLOCK_M = min(bm for bm, _, _, _, _ in _TILES)  # the narrowest row tile (16, as the interpreter's)
 
 
 def _tma_block(nargs: dict) -> None:
@@ -229,13 +231,14 @@ def _gather_k_kernel(
 
 @triton.jit
 def _gather_n_tile(
-    tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+    tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_T: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SUMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm. B_T: bt is stored transposed (element
-    (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids."""
+    (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids. SUMS:
+    sums [T/BLOCK_M, KC] float32 gets this tile's column sums of the stored (rounded) values."""
     pid_m, pid_n = _tile(tile, T, KC, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # compact columns
@@ -276,36 +279,40 @@ def _gather_n_tile(
     if HAS_R:  # dZ = round(dH) * 2 relu(Z), as the reference rounds dH = dY W2 before the product
         r = tl.load(r_ptr + col0 + rm[:, None].to(tl.int64) * stride_r + cols[None, :], mask=c_ok, other=0.0)
         acc = acc.to(dtype).to(tl.float32) * (2.0 * r.to(tl.float32))
+    val = acc.to(dtype)
+    if SUMS:  # every row of the tile is in range: BLOCK_M divides V, V divides T
+        s = tl.sum(val.to(tl.float32), axis=0)
+        tl.store(sums_ptr + pid_m.to(tl.int64) * KC + col0 + cols, s, mask=cols < KC - col0)
     out = out_ptr + col0 + rm[:, None].to(tl.int64) * stride_out + cols[None, :]
-    tl.store(out, acc.to(dtype), mask=c_ok)
+    tl.store(out, val, mask=c_ok)
 
 
 @triton.autotune(
     configs=_configs(_TILES),
-    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK"],
+    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "SUMS"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _gather_n_kernel(
-    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-    B_T: tl.constexpr, CHUNK: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr, SUMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         tiles = tl.cdiv(T, BLOCK_M) * tl.cdiv(KC, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
             _gather_n_tile(
-                tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+                tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
                 T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-                HAS_R, IEEE, USE_TMA, B_T, CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _gather_n_tile(
-            tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr,
+            tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
             T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-            HAS_R, IEEE, USE_TMA, B_T, CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -377,12 +384,16 @@ def gather_n_mm(
     tma: bool | None = None,
     persistent: bool | None = None,
     chunk: int = 1,
-) -> torch.Tensor:
+    tile_sums: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
     a [T, K], bt [F, K], ids [T/V, Kc]. ``tma``: load a through a TMA descriptor (None: see _tma).
     ``persistent``: one program per SM walking the tiles (None: PERSISTENT_DEFAULT on CUDA).
     ``chunk``: as in gather_k_mm (bt may then be a transposed view: W2^T as ``w2.t()``).
+    ``tile_sums``: also return the float32 column sums of the output over each tile of R rows,
+    [T/R, Kc] (R = the tuned BLOCK_M, a divisor of V; row i sums output rows [i R, (i+1) R)), from
+    the epilogue: db1's per-block sums without another read of the output.
     """
     tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
     bt_t = _check("gather_n_mm", v, "bt", chunk, **tensors)
@@ -393,14 +404,18 @@ def gather_n_mm(
             f"gather_n_mm: shapes do not match V={v}: a {tuple(a.shape)}, bt {tuple(bt.shape)}, ids {tuple(ids.shape)}"
         )
     out = torch.empty(t, kc, device=a.device, dtype=a.dtype)
+    # rows for the narrowest row tile of any config; the tuned one fills the first T/BLOCK_M
+    sums = torch.empty(t // _MIN_BLOCK_M, kc, device=a.device, dtype=torch.float32) if tile_sums else out
 
     use_tma = _tma(a, tma)
     persist = _persistent(a, persistent)
     _gather_n_kernel[_grid(t, kc, a.device, persist)](
-        a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out,
+        a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out, sums,
         t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),
         r.stride(0) if r is not None else 0, out.stride(0),
         HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
-        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE),
+        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), SUMS=tile_sums,
     )  # fmt: skip
-    return out
+    if not tile_sums:
+        return out
+    return out, sums[: t // _gather_n_kernel.best_config.kwargs["BLOCK_M"]]

@@ -152,6 +152,26 @@ def test_colsum_kernel_matches_the_scattered_sum(interpreter, dtype, v, c):
         chunk_colsum(a, ids, v, 8, h)
 
 
+@pytest.mark.parametrize("rows", [16, 48])
+def test_colsum_takes_the_row_tile_sums(interpreter, rows):
+    """db1 from B1's row-tile column sums (R = 16 or 48 rows, 3 or 1 tiles per 48-row block) equals
+    db1 from dZ~ itself; sums of the wrong shape or dtype are refused by name."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum
+
+    torch.manual_seed(4)
+    t, v, h, c = 240, 48, 512, 16
+    _, r_c, ids = vnm_compact_ref(torch.randn(t, h), None, v, 2, 8, c)
+    a = torch.randn_like(r_c) * (r_c != 0)
+    sums = a.view(t // rows, rows, -1).sum(1)
+    want = vnm_scatter_ref(a, ids, v, h).double().sum(0)
+    got = chunk_colsum(a, ids, v, c, h, tile_sums=sums)
+    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-4)
+    assert torch.allclose(got, chunk_colsum(a, ids, v, c, h), rtol=1e-6, atol=1e-5)
+    for bad in (sums.double(), sums[:-1], a.view(t // 15, 15, -1).sum(1)):
+        with pytest.raises(ValueError, match="tile_sums"):
+            chunk_colsum(a, ids, v, c, h, tile_sums=bad)
+
+
 @pytest.mark.parametrize("t,v,m,c,h", [(128, 32, 8, 16, 512), (4096, 16, 8, 16, 1024), (512, 16, 16, 32, 2048)])
 def test_chunk_csr_kernel_equals_the_torch_reference(interpreter, t, v, m, c, h):
     """One launch instead of nine: the same offsets, blocks and columns (E = T/V x Kc/c entries:

@@ -96,6 +96,24 @@ def test_gather_n(v, n, m, blocks, groups, dtype, epilogue, tma):
         assert (got[r_c == 0] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gather_n_tile_sums(dtype, persistent):
+    """B1's epilogue also writes the float32 column sums of its stored (rounded) output over each
+    row tile, db1's first step: the same output as without them, and sums equal to the output's
+    (Kc = 36: the last column tile partly masked; 3 blocks of 32 rows)."""
+    _, r_c, ids, g = _compact(32, 2, 8, 3, 9, dtype, seed=17)
+    a = torch.randn(96, 40, generator=g).to(DEVICE, dtype)
+    bt = torch.randn(72, 40, generator=g).to(DEVICE, dtype)
+    out, sums = gather_n_mm(a, bt, ids, 32, r_c, persistent=persistent, tile_sums=True)
+    assert torch.equal(out, gather_n_mm(a, bt, ids, 32, r_c, persistent=persistent))
+    rows = out.shape[0] // sums.shape[0]
+    assert sums.dtype == torch.float32 and sums.shape == (96 // rows, 36) and 32 % rows == 0
+    want = out.double().view(-1, rows, 36).sum(1)
+    assert torch.allclose(sums.double(), want, rtol=1e-5, atol=1e-4)
+    assert (want != 0).float().mean() > 0.9  # the sums are not a zero tensor that matches by accident
+
+
 def test_gather_k_64bit_row_offsets(monkeypatch):
     """The 64-bit address path, taken when b's offsets do not fit in int32 (here forced)."""
     monkeypatch.setattr(gather_gemm_triton, "_i32_rows", lambda b: False)

@@ -141,12 +141,14 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
                 types = {"c_ptr": "*bf16", "a_desc": a_desc, "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16"}
                 types["out_ptr"] = "*bf16"
                 cases.append((f"gather_k{suffix} {cfg.kwargs}", gemm._gather_k_kernel.fn, _sig(names, ce, types), ce))
-            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, **chunk)
-            names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr T KC K V stride_a stride_bt stride_ids stride_r "
-            names += "stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+            # the chunk path's B1 also writes its row tiles' column sums (db1's first step)
+            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t, **chunk)
+            names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr sums_ptr T KC K V stride_a stride_bt stride_ids "
+            names += "stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK SUMS BLOCK_M BLOCK_N BLOCK_K GROUP_M"
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
-            types["out_ptr"] = "*bf16"
-            cases.append((f"gather_n{suffix} {cfg.kwargs}", gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
+            types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32"}
+            label = f"gather_n{suffix}{' sums' if b_t else ''} {cfg.kwargs}"
+            cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
     for m, c, causal in ((16, 32, False), (8, 64, False), (16, 16, False), (16, 64, True)):
         ce = {"M": m, "C": c, "N": 2, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False, "CAUSAL": causal}
         names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS HAS_BIAS "
@@ -174,7 +176,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
     ce = {"C": 64, "ENT": 32}
     types = {"part_ptr": "*fp32", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
-    names = "part_ptr db_ptr offsets_ptr blocks_ptr cols_ptr KC C ENT"
+    names = "part_ptr db_ptr offsets_ptr blocks_ptr cols_ptr KC R C ENT"
     cases.append(("chunk colsum", chunk_wgrad._chunk_colsum_kernel, _sig(names, ce, types), ce))
     ce = {"PER_BLOCK": 16, "C": 64, "BLOCK_E": 1024}
     types = {k: "*i32" for k in ("ids_ptr", "offsets_ptr", "blocks_ptr", "cols_ptr")}
@@ -246,7 +248,7 @@ def sass_counts(cubin: bytes) -> str:
         f.flush()
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     regs = re.search(r"REG:(\d+)", usage)
     barriers = sum("BAR.SYNC" in line for line in lines)
     return f"regs {regs.group(1) if regs else '?'}, SASS {len(lines)} instructions, {barriers} barriers; "

@@ -122,6 +122,30 @@ def test_chunk_colsum_at_full_size(h, c):
     assert _rel(got, want) < 5e-3
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_b1_tile_sums_give_db1_at_full_size(persistent):
+    """B1 with its epilogue's row-tile column sums (1.3B shape, causal 128:4:16, c = 64): the same
+    dZ~ as without them, sums equal to dZ~'s own, and db1 from them equal to the dense column sums."""
+    from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum
+    from sparse_compile.kernels.gather_gemm_triton import gather_n_mm
+
+    t, h, d, c = 16384, 8192, 2048, 64
+    g = torch.Generator(device="cuda").manual_seed(11)
+    z = torch.randn(t, h, device="cuda", generator=g).bfloat16()
+    _, r_c, ids = vnm_select_chunks(z, None, 128, 4, 16, c, 2048)
+    w2 = (torch.randn(d, h, device="cuda", generator=g) * d**-0.5).bfloat16()
+    dy = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    _poison()
+    dz, sums = gather_n_mm(dy, w2.t(), ids, 128, r_c, persistent=persistent, chunk=c, tile_sums=True)
+    rows = t // sums.shape[0]
+    assert 128 % rows == 0 and torch.isfinite(sums).all()
+    assert _rel(dz, gather_n_mm(dy, w2.t(), ids, 128, r_c, persistent=persistent, chunk=c)) < 5e-3
+    assert _rel(sums, dz.float().view(-1, rows, dz.shape[1]).sum(1)) < 1e-5
+    db1 = chunk_colsum(dz, ids, 128, c, h, tile_sums=sums)
+    assert _rel(db1, vnm_scatter_ref(dz, ids, 128, h).float().sum(0)) < 5e-3
+
+
 @pytest.mark.parametrize("chunk", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
