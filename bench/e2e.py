@@ -10,7 +10,8 @@ Per configuration:
   speedup      over the dense row of the same size in the same run
   peak memory  torch.cuda.max_memory_allocated over all steps
   compile s    wall time of the warm-up steps minus as many median steps (compiles, autotuning,
-               the sparse backend's per-shape kernel choices)
+               the sparse backend's per-shape kernel choices); shorter when the gather kernels'
+               tuning for these shapes is already on disk (the "tuned kernels" field of the CSV)
   GPU ms/step  a torch.profiler trace of --profile-steps steps, grouped by bench/step_profile.py
                (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, other)
   host side    from the same trace: kernel launches per step, and the CPU ms per step spent inside

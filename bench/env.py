@@ -35,13 +35,16 @@ def git_revision() -> str:
 
 
 def environment(device: torch.device, program: str, argv: list[str] | None = None) -> dict[str, str]:
-    """Device, versions, git revision and the command line (``program`` + argv, default sys.argv[1:])."""
+    """Device, versions, git revision, the gather kernels' tuning choices already on disk
+    (kernels/tune_cache.py) and the command line (``program`` + argv, default sys.argv[1:])."""
     try:
         import triton
 
-        triton_version = triton.__version__
+        from sparse_compile.kernels.tune_cache import stored_choices
+
+        triton_version, tuned = triton.__version__, stored_choices()
     except ImportError:
-        triton_version = "none"
+        triton_version, tuned = "none", "none"
     cusparselt = "none"
     if device.type == "cuda":
         try:
@@ -54,6 +57,7 @@ def environment(device: torch.device, program: str, argv: list[str] | None = Non
         "triton": triton_version,
         "cusparselt": cusparselt,
         "git": git_revision(),
+        "tuned kernels": tuned,
         "command": " ".join([program, *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]),
     }
 

@@ -15,7 +15,8 @@ the contiguous operand (c, resp. a) comes through a TMA descriptor on sm90+. fp3
 IEEE fp32 dot (no TF32), so the kernels never change a user's precision.
 BLOCK_M must divide V (one id set per tile): the autotuner only tries those configs. The token
 count T is not in the autotune key: a model whose batch varies (dynamic shapes) tunes once per
-layer shape, not once per batch size (tuning takes seconds).
+layer shape, not once per batch size (tuning takes seconds), and the choices are kept on disk
+(kernels/tune_cache.py): a machine tunes each shape once, not once per process.
 """
 
 import functools
@@ -25,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from sparse_compile.kernels.tune_cache import TuneStore
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Load the contiguous operand (c in gather_k, dY in gather_n) through TMA by default (sm90+,
@@ -316,6 +319,11 @@ def _gather_n_kernel(
         )  # fmt: skip
 
 
+# their tuning choices, kept on disk per machine (kernels/tune_cache.py)
+_K_STORE = TuneStore(_gather_k_kernel)
+_N_STORE = TuneStore(_gather_n_kernel)
+
+
 def _check(name: str, v: int, gathered: str, chunk: int, **tensors: torch.Tensor) -> bool:
     """Validates the operands; returns whether the ``gathered`` one is stored transposed (allowed
     with chunk > 1 only: its rows are then contiguous only along the runs of chunk ids)."""
@@ -366,12 +374,14 @@ def gather_k_mm(
     out = torch.empty(t, n, device=c.device, dtype=c.dtype)
 
     use_tma = _tma(c, tma)
+    _K_STORE.load(c.device)
     _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
         c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
         t, n, kc, v, c.stride(0), ids.stride(0), b.stride(1) if b_t else b.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma, B_I32=_i32_rows(b),
         B_T=b_t, CHUNK=min(chunk, _MIN_ID_TILE),
     )  # fmt: skip
+    _K_STORE.save(c.device)
     return out
 
 
@@ -409,6 +419,7 @@ def gather_n_mm(
 
     use_tma = _tma(a, tma)
     persist = _persistent(a, persistent)
+    _N_STORE.load(a.device)
     _gather_n_kernel[_grid(t, kc, a.device, persist)](
         a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out, sums,
         t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),
@@ -416,6 +427,7 @@ def gather_n_mm(
         HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
         B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), SUMS=tile_sums,
     )  # fmt: skip
+    _N_STORE.save(a.device)
     if not tile_sums:
         return out
     return out, sums[: t // _gather_n_kernel.best_config.kwargs["BLOCK_M"]]
