@@ -51,7 +51,7 @@ def _sig(names: str, constexprs: dict, types: dict) -> dict:
     return {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names.split()}
 
 
-def kernels() -> list[tuple[str, object, dict, dict]]:
+def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     ptr = {"z_ptr": "*bf16", "b_ptr": "*bf16", "hc_ptr": "*bf16", "rc_ptr": "*bf16", "ids_ptr": "*i32"}
     cases = []
     for v, n, m, causal in [(128, 2, 16, False), (64, 2, 8, False), (128, 4, 8, False), (1, 2, 4, False),
@@ -125,8 +125,13 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
         names = "w_ptr out_ptr mask_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m TILES WRITE_MASK"
         types = {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8"}
         cases.append((f"transposable 2:4 pairs {dt}", wpairs._transposable_24_pairs_kernel, _sig(names, ce, types), ce))
-    for cfg in gemm._configs(gemm._TILES[:2]):  # the language is the same in every config; two tile shapes
+    # the language is the same in every config; two tile shapes, compiled with their configs' warps
+    # and stages, as the autotuner compiles them (gather_k's stages: _GATHER_K_TILES)
+    for cfg, k_cfg in zip(gemm._configs(gemm._TILES[:2]), gemm._configs(gemm._GATHER_K_TILES[:2]), strict=True):
         bm, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]
+        assert k_cfg.kwargs == cfg.kwargs
+        launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        launch_k = {"num_warps": k_cfg.num_warps, "num_stages": k_cfg.num_stages}
         # the contiguous operand through pointers or a TMA descriptor; one program per tile or persistent
         # b_t: W2 read in place along runs of 64 chunk ids (the chunk path), else rows of a contiguous W2^T
         for tma, persistent, b_t in ((False, False, False), (True, False, False), (True, True, False),
@@ -140,7 +145,8 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
                 names += "HAS_BIAS IEEE USE_TMA B_I32 B_T CHUNK BLOCK_M BLOCK_N BLOCK_K GROUP_M"
                 types = {"c_ptr": "*bf16", "a_desc": a_desc, "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16"}
                 types["out_ptr"] = "*bf16"
-                cases.append((f"gather_k{suffix} {cfg.kwargs}", gemm._gather_k_kernel.fn, _sig(names, ce, types), ce))
+                label = f"gather_k{suffix} {cfg.kwargs}"
+                cases.append((label, gemm._gather_k_kernel.fn, _sig(names, ce, types), ce, launch_k))
             # the chunk path's B1 also writes its row tiles' column sums (db1's first step)
             ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t, **chunk)
             names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr sums_ptr T KC K V stride_a stride_bt stride_ids "
@@ -148,7 +154,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
             types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32"}
             label = f"gather_n{suffix}{' sums' if b_t else ''} {cfg.kwargs}"
-            cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce))
+            cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce, launch))
     for m, c, causal in ((16, 32, False), (8, 64, False), (16, 16, False), (16, 64, True)):
         ce = {"M": m, "C": c, "N": 2, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False, "CAUSAL": causal}
         names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS HAS_BIAS "
@@ -186,7 +192,7 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
     types = {"part_ptr": "*fp32", "out_ptr": "*bf16"}
     sig = _sig("part_ptr out_ptr n SPLIT BLOCK", ce, types)
     cases.append(("sum partials", chunk_wgrad._sum_partials_kernel, sig, ce))
-    return cases
+    return [case if len(case) == 5 else (*case, {}) for case in cases]  # the rest: default warps and stages
 
 
 VECTORIZED = (
@@ -206,6 +212,9 @@ GATHERED_LOADS = ("select",)
 # The gathers that read W2 in place along runs of chunk ids: every async copy of the gathered weight
 # tile a full 16-byte vector, as on a contiguous W2^T; the hint on the ids is what makes it so.
 WIDE_COPIES = ("gather_k TMA chunk", "gather_n TMA chunk", "gather_n TMA persistent chunk")
+# gather_k's bias row at 8 warps: BLOCK_N = 256 values over 256 threads, one each: a single scalar
+# 16-bit load per thread by its shape (at 4 warps it was two per thread, one vector)
+ONE_PER_THREAD = ("gather_k",)
 # One program stores its C column sums (64 values over 128-256 threads): scalar stores by design; its loads are checked.
 SUMMED_STORES = ("chunk colsum",)
 
@@ -256,17 +265,17 @@ def sass_counts(cubin: bytes) -> str:
 
 def check(index: int) -> tuple[bool, str]:
     """Compile kernels()[index] both ways and read its PTX/TTGIR: (failed, the report line)."""
-    name, fn, signature, constexprs = kernels()[index]
+    name, fn, signature, constexprs, options = kernels()[index]
     target = GPUTarget("cuda", 90, 32)
     try:
-        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target, options=options)
         div16 = {
             (i,): [["tt.divisibility", 16]]
             for i, n in enumerate(signature)
             if signature[n] != "constexpr" and not signature[n].startswith("tensordesc")
         }
         compiled = triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target
+            ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=div16), target=target, options=options
         )
     except Exception as e:  # noqa: BLE001 - report every kernel, then fail
         return True, f"FAILED  {name}: {type(e).__name__}: {str(e)[:2000]}"
@@ -278,6 +287,8 @@ def check(index: int) -> tuple[bool, str]:
     scalar16 = {k: v for k, v in ops.items() if k.endswith(".b16") and ".v" not in k}
     if name.startswith(GATHERED_LOADS):  # their gathered reads are scalar by design; stores must not be
         scalar16 = {k: v for k, v in scalar16.items() if k.startswith("st.")}
+    if name.startswith(ONE_PER_THREAD) and scalar16 == {"ld.global.b16": 1}:
+        scalar16 = {}
     if name.startswith(SUMMED_STORES):
         scalar16 = {k: v for k, v in scalar16.items() if k.startswith("ld.")}
     racy = single_buffered_async_dots(compiled.asm["ttgir"])
