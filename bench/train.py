@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -140,6 +141,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=distributed.MODES,
         default="none",
         help="ddp or fsdp (FSDP2): launch with torchrun --nproc-per-node N -m bench.train ...",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="run-to-run reproducible: torch.use_deterministic_algorithms (deterministic attention backward, "
+        "embedding backward and cuBLAS workspace; slower steps), so one seed run twice on one machine gives "
+        "the same losses; the sparse kernels are deterministic already, given the same autotuned tiles "
+        "(kept on disk per machine: kernels/tune_cache.py)",
     )
     p.add_argument(
         "--compile-mode",
@@ -287,7 +296,7 @@ VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and
 CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
     "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed", "compile_mode",
-    "device", "corpus", "recluster_every",
+    "device", "corpus", "recluster_every", "deterministic",
 )  # fmt: skip
 
 
@@ -505,8 +514,18 @@ def plot(results: dict[str, RunResult], schedule: sparse_compile.PhaseSchedule, 
     plt.close(fig)
 
 
+def make_deterministic() -> None:
+    """Every op deterministic run to run (an op without such an implementation raises, naming itself).
+    Before the first cuBLAS call: cuBLAS reads its workspace setting when it creates a handle."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.deterministic:
+        make_deterministic()
     d = distributed.setup(args.distributed, args.device)
     out = Path(args.out)
     env = environment(torch.device(args.device), "python -m bench.train", argv)
