@@ -78,7 +78,7 @@ class SparsityConfig:
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
     small_ffn: "dense" (default): CUDA sites too small to pay stay dense, by a size rule (T x d x h
-        under 2**37 without CUDA graphs, under 2**36 with them; with neuron chunks 2**36 and 2**35;
+        under 2**37 without CUDA graphs, under 2**36 with them; with neuron chunks 2**37 and 2**35;
         sparse_compile/passes/size_rule.py), and the report says so per site; "sparse": they run
         sparse anyway (slower than dense when measured: bench/RESULTS.md section 2).
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
