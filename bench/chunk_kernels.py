@@ -6,7 +6,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                also the causal form (sequences of S tokens) beside the non-causal chunked kernel
   B2, B4       kernels/chunk_wgrad_triton.py vs cuBLAS on the dense product (dY^T H~ [d, T] x [T, h],
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
-               left at keep 4/M); with --sweep also the B2 kernel's tilings and split-K factors
+               left at keep 4/M); with --sweep also the B2 and B4 kernels' tilings, split-K
+               factors and tile orientations (units_m: the chunk's units along the MMA's M)
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
   db1 (colsum) B4's bias gradient from the compact dZ~ (kernels/chunk_wgrad_triton.chunk_colsum) vs
                copy bandwidth (bytes: dZ~ read once), beside the dense path's dZ.sum(0)
@@ -50,18 +51,21 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-# (BLOCK_D, BLOCK_K, warps, stages, split)
+# (BLOCK_D, BLOCK_K, warps, stages, split, units_m): units_m puts the chunk's c units along the MMA's M
 SWEEP = [
-    (256, 64, 8, 3, 1),
-    (256, 64, 8, 3, 2),
-    (256, 64, 8, 3, 4),
-    (256, 64, 8, 3, 8),
-    (128, 64, 4, 3, 1),
-    (128, 64, 4, 3, 2),
-    (128, 64, 4, 3, 4),
-    (128, 128, 8, 3, 1),
-    (64, 128, 4, 4, 1),
-    (64, 64, 4, 3, 2),
+    (256, 64, 8, 3, 1, False),
+    (256, 64, 8, 3, 2, False),
+    (256, 64, 8, 3, 4, False),
+    (256, 64, 8, 3, 8, False),
+    (128, 64, 4, 3, 1, False),
+    (128, 64, 4, 3, 2, False),
+    (128, 64, 4, 3, 4, False),
+    (128, 128, 8, 3, 1, False),
+    (64, 128, 4, 4, 1, False),
+    (64, 64, 4, 3, 2, False),
+    (256, 64, 4, 3, 1, True),
+    (128, 64, 4, 3, 1, True),
+    (256, 64, 8, 3, 1, True),
 ]
 
 
@@ -133,17 +137,20 @@ def measure(
     rows.append({**label, "kernel": "db1 (colsum)", "ms": ms, "of ceiling": 2 * dz_c.numel() / ms / 1e6 / copy,
                  "check": f"rel {err:.1e}", "baseline": "dense dZ.sum(0)",
                  "baseline ms": _ms(lambda: dense_dz.sum(0))})  # fmt: skip
-    if sweep:  # tilings of the B2 kernel (SWEEP); the check: relative error against the dense product
-        want = vnm_scatter_ref(r_c * r_c, ids, v, h).t() @ dy
-        for bd, bk, w, st, sp in SWEEP:
-            kw = dict(square=True, transpose=True, csr=csr, block_d=bd, block_k=bk, num_warps=w, num_stages=st)
-            kw["split"] = sp
-            try:
-                check = f"rel {_rel(chunk_wgrad(r_c, ids, dy, v, c, h, **kw).t(), want):.1e}"
-                ms = _ms(lambda kw=kw: chunk_wgrad(r_c, ids, dy, v, c, h, **kw))
-            except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
-                check, ms = f"{type(e).__name__}", float("nan")
-            rows.append({**label, "kernel": f"B2 tiling {bd}x{bk} w{w} s{st} split {sp}", "ms": ms, "check": check})
+    if sweep:  # tilings of the B2 and B4 kernels (SWEEP); the check: relative error against the dense product
+        for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
+            want = vnm_scatter_ref(a * a if square else a, ids, v, h).t() @ b
+            for bd, bk, w, st, sp, um in SWEEP:
+                kw = dict(square=square, transpose=transpose, csr=csr, block_d=bd, block_k=bk, num_warps=w)
+                kw.update(num_stages=st, split=sp, units_m=um)
+                try:
+                    got = chunk_wgrad(a, ids, b, v, c, h, **kw)
+                    check = f"rel {_rel(got.t() if transpose else got, want):.1e}"
+                    ms = _ms(lambda a=a, b=b, kw=kw: chunk_wgrad(a, ids, b, v, c, h, **kw))
+                except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
+                    check, ms = f"{type(e).__name__}", float("nan")
+                tile = f"{name} tiling {'units x ' if um else ''}{bd}x{bk} w{w} s{st} split {sp}"
+                rows.append({**label, "kernel": tile, "ms": ms, "check": check})
     # F2 and B1 read W2 [d, h] in place along the chunk runs (w2.t()): against the same GEMM on a
     # contiguous W2^T, copy included (what the chunk path ran before); check: relative difference
     w2 = (torch.randn(d, h, device="cuda", generator=g) * d**-0.5).bfloat16()
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patterns", default="128:2:16", help="V:N:M,...")
     p.add_argument("--chunks", default="32,64", help="chunk sizes, comma-separated")
     p.add_argument("--csv", help="write the rows here")
-    p.add_argument("--sweep", action="store_true", help="also time tilings of the B2 kernel")
+    p.add_argument("--sweep", action="store_true", help="also time tilings of the B2 and B4 kernels")
     p.add_argument("--seq", type=int, help="also the causal selection over sequences of this many tokens")
     p.add_argument(
         "--skew",

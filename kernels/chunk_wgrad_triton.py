@@ -14,7 +14,8 @@ formed: the scatters that fed the dense B2/B4 are gone, and the GEMMs do keep-fr
 Layout: ``chunk_csr`` lists, for each chunk, the (block, compact column) pairs that hold it (E = T/V
 x Kc/c entries, grouped by chunk, blocks ascending; one launch, ``chunk_csr_ref`` the torch
 reference). One program computes a [BLOCK_D, c] tile of out^T for one chunk, its K loop running over
-that chunk's blocks in V/BLOCK_K steps; dense tensor cores (M = BLOCK_D, N = c). Reference:
+that chunk's blocks in V/BLOCK_K steps; dense tensor cores (M = BLOCK_D, N = c; with ``units_m``
+the [c, BLOCK_D] tile of out, M = c, N = BLOCK_D). Reference:
 ``chunk_wgrad_ref`` (scatter, then a dense product in float32).
 
 Split-K: the grid has h/c x D/BLOCK_D programs, 256 at (d, h) = (1024, 4096): one wave at two
@@ -104,10 +105,11 @@ def _chunk_wgrad_kernel(
     a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, UNITS_M: tl.constexpr,
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
-    out in the output dtype."""
+    out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
+    MMA's M, A the register operand, B from shared memory), else [BLOCK_D, C] += B^T A."""
     chunk = tl.program_id(0)
     dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
@@ -121,7 +123,7 @@ def _chunk_wgrad_kernel(
         share = tl.cdiv(n_iter, SPLIT)
         i0 = tl.program_id(2) * share
         n_iter = tl.minimum(n_iter, i0 + share)
-    acc = tl.zeros((BLOCK_D, C), dtype=tl.float32)
+    acc = tl.zeros((C, BLOCK_D) if UNITS_M else (BLOCK_D, C), dtype=tl.float32)
     # A feeds the dot only: a tl.sum of A's tile here (db1) makes Triton 3.6 keep one shared buffer of
     # A that the next step's async copy overwrites under the in-flight wgmma (dW1 1-4% off on an
     # H100; tests/triton_sm90_compile.py flags that pattern), and db1 as ones^T A on the tensor
@@ -140,18 +142,31 @@ def _chunk_wgrad_kernel(
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
-        if IEEE:  # float32 operands: no TF32, so the kernel never changes a user's precision
+        # float32 operands: IEEE, no TF32, so the kernel never changes a user's precision
+        if UNITS_M and IEEE:
+            acc = tl.dot(tl.trans(a), b, acc, input_precision="ieee")
+        elif UNITS_M:
+            acc = tl.dot(tl.trans(a), b, acc)  # [C, BLOCK_D] += A^T B
+        elif IEEE:
             acc = tl.dot(tl.trans(b), a, acc, input_precision="ieee")
         else:
             acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
     units = chunk * C + oc
-    if TRANSPOSE:  # out [D, H]
-        dst = dd[:, None].to(tl.int64) * H + units[None, :]
-    else:  # out [H, D]
-        dst = units[None, :].to(tl.int64) * D + dd[:, None]
+    if UNITS_M:  # acc [C, BLOCK_D]
+        if TRANSPOSE:  # out [D, H]
+            dst = dd[None, :].to(tl.int64) * H + units[:, None]
+        else:  # out [H, D]
+            dst = units[:, None].to(tl.int64) * D + dd[None, :]
+        d_mask = d_ok[None, :]
+    else:  # acc [BLOCK_D, C]
+        if TRANSPOSE:
+            dst = dd[:, None].to(tl.int64) * H + units[None, :]
+        else:
+            dst = units[None, :].to(tl.int64) * D + dd[:, None]
+        d_mask = d_ok[:, None]
     if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H]
         dst += tl.program_id(2).to(tl.int64) * D * H
-    tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_ok[:, None])
+    tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit
@@ -213,6 +228,15 @@ def chunk_colsum(
     return db
 
 
+# The tile orientation by ``square`` (B2: True, B4: False). units_m is not yet timed on a GPU (the
+# bench.chunk_kernels --sweep rows "units x"); predicted faster for B4: per k16 step of a 64 x 256
+# tile, one m64n256k16 wgmma reads 2 + 8 KB of shared memory, four m64n64k16 (the 256 x 64 tile)
+# 4 x (2 + 2) = 16 KB, for the same 524k FLOP.
+# For B2 its sm90 build (Triton 3.9) loads the squared A tile with 64 scalar 16-bit loads per thread
+# (the dot's register layout is put on the load): 1,168 SASS instructions against 568.
+UNITS_M = {True: False, False: False}
+
+
 def chunk_wgrad_supports(v: int, c: int) -> bool:
     """Whether the kernel takes chunks of c units in blocks of V tokens: c a power of two >= 16
     (the tensor-core tile's N), V a multiple of 16."""
@@ -245,11 +269,14 @@ def chunk_wgrad(
     num_warps: int | None = None,
     num_stages: int = 3,
     split: int | None = None,
+    units_m: bool | None = None,
 ) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
-    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for)."""
+    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
+    ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M, a fed from registers)
+    instead of [block_d, c] (None: ``UNITS_M`` on CUDA for c >= 64, the wgmma's M, else False)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -261,8 +288,10 @@ def chunk_wgrad(
     # H100, c = 64, bench.chunk_kernels --sweep: BLOCK_D 256, 8 warps 1.834 ms at (16384, 4096, 16384),
     # against 2.001 for 128 / 4 warps; 0.462 vs 0.497 ms at (16384, 2048, 8192)
     cuda = a.device.type == "cuda"
+    if units_m is None:
+        units_m = cuda and c >= 64 and UNITS_M[square]
     block_d = block_d or (256 if cuda else 32)
-    num_warps = num_warps or (8 if cuda else 4)
+    num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
     block_k = block_k or (64 if v % 64 == 0 else 16)
     if v % block_k:
         raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
@@ -275,7 +304,8 @@ def chunk_wgrad(
     _chunk_wgrad_kernel[(h // c, triton.cdiv(d, block_d), split)](
         a, b, dst, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, num_warps=num_warps, num_stages=num_stages,
+        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch
         grid = (triton.cdiv(out.numel(), 2048),)

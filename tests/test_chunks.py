@@ -114,8 +114,11 @@ def test_causal_chunked_mask_never_looks_ahead():
     assert not torch.equal(vnm_mask(h, 16, 2, 8, 4)[32:40], vnm_mask(later, 16, 2, 8, 4)[32:40])
 
 
+@pytest.mark.parametrize("units_m", [False, True])
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.float32, 1e-5)])
-def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
+def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol, units_m):
+    """Both tile orientations (units_m: the chunk's units along the MMA's M) against the reference;
+    d = 48 leaves a partial d tile (BLOCK_D 32 on the CPU)."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
 
     torch.manual_seed(1)
@@ -124,9 +127,9 @@ def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol):
     b = torch.randn(t, d, dtype=dtype)
     for square in (False, True):
         want = chunk_wgrad_ref(r_c, ids, b, v, h, square=square).float()
-        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square).float()
+        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square, units_m=units_m).float()
         assert (got - want).norm() / want.norm() < tol
-        got_t = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=True)
+        got_t = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=True, units_m=units_m)
         assert got_t.is_contiguous() and torch.equal(got_t.t().float(), got)
     with pytest.raises(ValueError, match="c=8 must be a power of two >= 16"):
         chunk_wgrad(r_c, ids, b, v, 8, h)
@@ -192,7 +195,8 @@ def test_chunk_csr_kernel_equals_the_torch_reference(interpreter, t, v, m, c, h)
 
 
 @pytest.mark.parametrize("split", [2, 3, 8])
-def test_weight_grad_kernel_split_k_matches_reference(interpreter, split):
+@pytest.mark.parametrize("units_m", [False, True])
+def test_weight_grad_kernel_split_k_matches_reference(interpreter, split, units_m):
     """split programs per output tile, each summing its share of the K steps into float32 partials:
     the same product (8 > the 4 K steps of some chunks: programs with no steps write zeros)."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad, chunk_wgrad_ref
@@ -203,7 +207,7 @@ def test_weight_grad_kernel_split_k_matches_reference(interpreter, split):
     b = torch.randn(t, d, dtype=torch.float16)
     for square, transpose in ((True, True), (False, False)):
         want = chunk_wgrad_ref(r_c, ids, b, v, h, square=square).float()
-        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, split=split)
+        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, split=split, units_m=units_m)
         assert got.dtype == torch.float16 and got.is_contiguous()
         got = got.t().float() if transpose else got.float()
         assert (got - want).norm() / want.norm() < 2e-3

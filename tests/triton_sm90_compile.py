@@ -162,10 +162,14 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
         label = f"chunk select M={m} c={c}" + (" causal" if causal else "")
         cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
-    for c, square, split in ((32, True, 1), (64, False, 1), (16, False, 1), (64, False, 4)):
+    # (c, square, split, units_m, BLOCK_D, warps): the default B2/B4 tiles and B4's units-along-M one
+    wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]
+    wgrad += [(64, False, 4, False, 128, 4), (64, True, 1, False, 256, 8)]
+    wgrad += [(64, False, 1, True, 256, 4)]  # B2 (square) with units_m: 64 scalar 16-bit loads of A, not built
+    for c, square, split, units_m, block_d, warps in wgrad:
         ce = {
             "C": c,
-            "BLOCK_D": 128,
+            "BLOCK_D": block_d,
             "BLOCK_K": 64,
             "SQUARE": square,
             "TRANSPOSE": square,
@@ -173,13 +177,16 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "I64": False,
             "IEEE": False,
             "SPLIT": split,
+            "UNITS_M": units_m,
         }
         names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT"
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M"
         types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16" if split == 1 else "*fp32"}
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
-        cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce))
+        label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}"
+        launch = {"num_warps": warps, "num_stages": 3}
+        cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce, launch))
     ce = {"C": 64, "ENT": 32}
     types = {"part_ptr": "*fp32", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
     names = "part_ptr db_ptr offsets_ptr blocks_ptr cols_ptr KC R C ENT"
@@ -196,6 +203,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
 
 
 VECTORIZED = (
+    "chunk wgrad",
     "select 128:2:16",
     "select 64:2:8",
     "activation 2:4",
