@@ -66,6 +66,13 @@ class TuneStore:
         self.kernel = kernel
         self._known: dict[str, int] = {}  # per device: how many keys the file has seen
         self._paths: dict[str, Path | None] = {}
+        self._names: dict[tuple[str, int | None], str] = {}  # load/save run at every launch: no name query
+
+    def _name(self, device: torch.device) -> str:
+        key = (device.type, device.index)
+        if key not in self._names:
+            self._names[key] = _device_name(device)
+        return self._names[key]
 
     def path(self, device: torch.device) -> Path | None:
         name = _device_name(device)
@@ -94,7 +101,7 @@ class TuneStore:
 
     def load(self, device: torch.device) -> None:
         """Before a launch: the file's choices into the autotuner's cache, once per device."""
-        name = _device_name(device)
+        name = self._name(device)
         if name in self._known or len(self.kernel.configs) < 2:
             return
         path = self.path(device)
@@ -105,7 +112,7 @@ class TuneStore:
 
     def save(self, device: torch.device) -> None:
         """After a launch: when it tuned a new key, the choices merged into the file."""
-        name = _device_name(device)
+        name = self._name(device)
         if len(self.kernel.configs) < 2 or len(self.kernel.cache) == self._known.get(name, -1):
             return
         self._known[name] = len(self.kernel.cache)
