@@ -109,7 +109,7 @@ def _chunk_wgrad_kernel(
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
     out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
-    MMA's M, A the register operand, B from shared memory), else [BLOCK_D, C] += B^T A."""
+    MMA's M), else [BLOCK_D, C] += B^T A."""
     chunk = tl.program_id(0)
     dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
@@ -275,8 +275,8 @@ def chunk_wgrad(
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
     ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
-    ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M, a fed from registers)
-    instead of [block_d, c] (None: ``UNITS_M`` on CUDA for c >= 64, the wgmma's M, else False)."""
+    ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c]
+    (None: ``UNITS_M`` on CUDA for c >= 64, the wgmma's M, else False)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
