@@ -142,15 +142,14 @@ def _chunk_wgrad_kernel(
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
-        # float32 operands: IEEE, no TF32, so the kernel never changes a user's precision
-        if UNITS_M and IEEE:
-            acc = tl.dot(tl.trans(a), b, acc, input_precision="ieee")
-        elif UNITS_M:
-            acc = tl.dot(tl.trans(a), b, acc)  # [C, BLOCK_D] += A^T B
-        elif IEEE:
-            acc = tl.dot(tl.trans(b), a, acc, input_precision="ieee")
+        if UNITS_M:  # [C, BLOCK_D] += A^T B
+            lhs, rhs = tl.trans(a), b
+        else:  # [BLOCK_D, C] += B^T A
+            lhs, rhs = tl.trans(b), a
+        if IEEE:  # float32 operands: no TF32, so the kernel never changes a user's precision
+            acc = tl.dot(lhs, rhs, acc, input_precision="ieee")
         else:
-            acc = tl.dot(tl.trans(b), a, acc)  # [BLOCK_D, C] += B^T A
+            acc = tl.dot(lhs, rhs, acc)
     units = chunk * C + oc
     if UNITS_M:  # acc [C, BLOCK_D]
         if TRANSPOSE:  # out [D, H]

@@ -75,7 +75,7 @@ class TuneStore:
         return self._names[key]
 
     def path(self, device: torch.device) -> Path | None:
-        name = _device_name(device)
+        name = self._name(device)
         if name not in self._paths:
             root = tune_dir()
             fn = self.kernel.fn
