@@ -155,12 +155,14 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32"}
             label = f"gather_n{suffix}{' sums' if b_t else ''} {cfg.kwargs}"
             cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce, launch))
-    for m, c, causal in ((16, 32, False), (8, 64, False), (16, 16, False), (16, 64, True)):
-        ce = {"M": m, "C": c, "N": 2, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False, "CAUSAL": causal}
+    # N = 2 ranks the kept chunks' entries; N = 4 keeps them all (the causal 128:4:16 and 128:4:8 of bench.e2e)
+    selects = [(16, 32, 2, False), (8, 64, 2, False), (16, 16, 2, False), (16, 64, 4, True), (8, 64, 4, True)]
+    for m, c, n, causal in selects:
+        ce = {"M": m, "C": c, "N": n, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False, "CAUSAL": causal}
         names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS HAS_BIAS "
         names += "CAUSAL"
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
-        label = f"chunk select M={m} c={c}" + (" causal" if causal else "")
+        label = f"chunk select M={m} c={c} N={n}" + (" causal" if causal else "")
         cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
     # (c, square, split, units_m, BLOCK_D, warps): the default B2/B4 tiles and B4's units-along-M one
     wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]
@@ -204,6 +206,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
 
 VECTORIZED = (
     "chunk wgrad",
+    "chunk select",
     "select 128:2:16",
     "select 64:2:8",
     "activation 2:4",

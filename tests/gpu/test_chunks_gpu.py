@@ -17,7 +17,9 @@ from .test_gather_gpu import _poison, ffn_leaves, run_with_grads
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)")
 
 
-CHUNK_PATTERNS = [(128, 2, 16, 32), (128, 2, 16, 64), (128, 4, 16, 64), (128, 2, 8, 32), (64, 2, 8, 16)]
+CHUNK_PATTERNS = [
+    (128, 2, 16, 32), (128, 2, 16, 64), (128, 4, 16, 64), (128, 4, 8, 64), (128, 2, 8, 32), (64, 2, 8, 16)
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("v,n,m,c", CHUNK_PATTERNS)
