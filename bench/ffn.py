@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 import sparse_compile
 from bench.env import environment, write_csv
-from sparse_compile.config import BackendOptions, options_from_text
+from sparse_compile.config import DEFAULT_PRESET, BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
 
 GPU_SHAPES = [(16384, 768, 3072), (16384, 2048, 8192), (16384, 4096, 16384), (4096, 1024, 4096)]
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sparsity",
         action="append",
-        help="preset name or JSON options of backend='sparse'; repeat to compare several (default: venom)",
+        help="preset name or JSON options of backend='sparse'; repeat to compare several (default: the default preset)",
     )
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bf16 on CUDA, fp32 on CPU")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per row")
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
         # every shape runs sparse (the size rule would leave the small ones dense), unless the options say
-        sparsity = {text: {"small_ffn": "sparse", **options_from_text(text)} for text in args.sparsity or ["venom"]}
+        texts = args.sparsity or [DEFAULT_PRESET]
+        sparsity = {text: {"small_ffn": "sparse", **options_from_text(text)} for text in texts}
         if args.compile_mode != "default":
             sparsity = {k: {**v, "mode": args.compile_mode} for k, v in sparsity.items()}
         for opts in sparsity.values():

@@ -33,7 +33,7 @@ from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
 from sparse_compile.clustering import kept_mass
-from sparse_compile.config import BackendOptions, options_from_text
+from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask
 
 SEGMENTS = ("warmup", "sparse", "final")
@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--final-dense-frac", type=_fraction, default=0.25, help="dense recovery: last fraction of steps")
     p.add_argument(
         "--sparsity",
-        default="venom",
-        help="preset name (venom, activation24, weight24) or JSON options for backend='sparse'",
+        default=DEFAULT_PRESET,
+        help=f"preset name ({', '.join(PRESETS)}; default: {DEFAULT_PRESET}, backend='sparse' with no options) "
+        "or JSON options for backend='sparse'",
     )
     p.add_argument(
         "--masked-decay",

@@ -31,7 +31,7 @@ def explain(
     """Trace ``model(*example_inputs, **example_kwargs)`` with Dynamo and report every FFN site.
 
     ``config``: a SparsityConfig, the options dict given to torch.compile, a preset name, or None
-    (the venom preset). The model runs once, eagerly, under torch.no_grad(); nothing is compiled
+    (the default preset, DEFAULT_PRESET). The model runs once, eagerly, under torch.no_grad(); nothing is compiled
     with Inductor. Each row says what runs sparse (pattern per GEMM, kernel) or why a site stays dense.
     """
     cfg = _as_config(config)

@@ -120,8 +120,11 @@ class Report:
         c = self.config
         head = (
             f"sparse_compile report: {len(self.sparse_sites)} sparse FFN site(s), {len(self.dense_sites)} dense "
-            f"(config: weights={c.weights}, activations={c.activations}, weight_grad={c.weight_grad}, "
-            f"kernels={c.kernels})"
+            f"(config: weights={c.weights}, activations={c.activations}"
+            + (f", chunk={c.chunk}" if c.chunk > 1 else "")
+            + (", causal" if c.causal else "")
+            + (", permute" if c.permute else "")
+            + f", weight_grad={c.weight_grad}, kernels={c.kernels})"
         )
         head = "\n".join([head, *self.notes])
         return head if not self.sites else f"{head}\n{self.table()}"

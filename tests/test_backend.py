@@ -180,7 +180,8 @@ def test_graph_without_ffn_compiles_once_plainly():
 
 def test_dump_dir_writes_graphs_and_report(tmp_path):
     model = Stack()
-    torch.compile(model, backend="sparse", options={"dump_dir": str(tmp_path)})(torch.randn(64, 32))
+    opts = {"preset": "venom", "dump_dir": str(tmp_path)}
+    torch.compile(model, backend="sparse", options=opts)(torch.randn(64, 32))
     names = sorted(p.name for p in tmp_path.iterdir())
     gid = names[0].split("_")[1]
     assert names == [f"graph_{gid}_after.py", f"graph_{gid}_before.py", f"graph_{gid}_report.txt"]
@@ -217,7 +218,7 @@ def test_entry_point_in_a_fresh_process():
         "class S(nn.Module):\n"
         "    def __init__(s): super().__init__(); s.a = nn.Linear(32, 128); s.b = nn.Linear(128, 32)\n"
         "    def forward(s, x): return s.b(torch.relu(s.a(x)) ** 2)\n"
-        "y = torch.compile(S(), backend='sparse')(torch.randn(64, 32))\n"
+        "y = torch.compile(S(), backend='sparse', options={'preset': 'venom'})(torch.randn(64, 32))\n"
         "assert 'sparse_compile' in sys.modules\n"
         "print(torch._dynamo.utils.counters['sparse_compile']['sites_sparse'])\n"
     )
@@ -241,7 +242,7 @@ def test_autocast_sites_stay_sparse_with_autocast_casts():
     baseline = copy.deepcopy(model)
     config = SparsityConfig(weights="2:4", activations="64:2:8")
     x = torch.randn(2, 64, 32)
-    compiled = torch.compile(model, backend="sparse")
+    compiled = torch.compile(model, backend="sparse", options={"preset": "venom"})
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = compiled(x)
         y_ref = oracle_forward(ref, x, config)

@@ -26,7 +26,7 @@ def test_main_job_table_is_quoted_verbatim():
 def test_main_job_table_is_the_measured_csv():
     import csv
 
-    path = ROOT / "bench" / "results" / "h100_125m_2400steps_seeds_venom_3b6d6d8.csv"
+    path = ROOT / "bench" / "results" / "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_5e0c722.csv"
     rows = list(csv.DictReader(open(path)))
     table = _table_after(RESULTS, "| seed | dense val | sparse val |")[2:]
     for line, row in zip(table[:3], rows[:3], strict=True):
@@ -50,8 +50,8 @@ def _cells(line: str) -> list[str]:
 
 
 def test_e2e_speedups_are_the_measured_ones():
-    readme = _table_after(README, "| model | default (venom) |")
-    configs = ["default (venom)", "activation24", "weight24", "128:2:16"]
+    readme = _table_after(README, "| model | venom (former default) |")
+    configs = ["venom (former default)", "activation24", "weight24", "128:2:16"]
     measured = {}
     for line in _table_after(RESULTS, "| size | config | tokens/s | speedup |")[2:]:
         cells = _cells(line)
@@ -66,6 +66,22 @@ def test_e2e_speedups_are_the_measured_ones():
     assert quoted == 12
 
 
+def test_default_speedups_are_the_measured_csvs():
+    """The README's default table: speedup and peak memory of the default's configuration from the
+    end-to-end CSVs, at 1.3B (H100) and 2.7B (H200)."""
+    import csv
+
+    res = ROOT / "bench" / "results"
+    config = '{"activations": "128:4:8", "causal": true, "chunk": 64}'
+    files = {"1.3B, H100": "h100_e2e_1.3b_128-4-8-causal-chunk64_a17ca38_e2e.csv",
+             "2.7B, H200": "h200_e2e_3b_128-4-8-causal-chunk64_a17ca38_e2e.csv"}  # fmt: skip
+    rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
+    for size, name in files.items():
+        row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == config)
+        assert rows[size][1] == f"{float(row['speedup']):.3f}x", size
+        assert rows[size][2] == f"{float(row['mem_vs_dense']):.2f}", size
+
+
 def test_speed_quality_table_is_the_measured_csvs():
     """The README's speed-against-quality table: 1.3B speedups from the end-to-end CSVs, 125M
     paired differences and kept mass from the seeds CSVs."""
@@ -73,9 +89,14 @@ def test_speed_quality_table_is_the_measured_csvs():
 
     res = ROOT / "bench" / "results"
     causal = '{"activations": "128:4:16", "causal": true}'
+    default = '{"activations": "128:4:8", "causal": true, "chunk": 64}'
     chunk64 = '{"activations": "128:4:16", "causal": true, "chunk": 64}'
     sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
-        ("default (venom)", "10% / 25%"): (
+        (f"default (`{default}`)", "10% / 25%"): (
+            ("h100_e2e_1.3b_128-4-8-causal-chunk64_a17ca38_e2e.csv", default),
+            "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_5e0c722.csv",
+        ),
+        ("venom (former default)", "10% / 25%"): (
             ("h100_e2e_1.3b_b4e25c8.csv", "default"),
             "h100_125m_2400steps_seeds_venom_3b6d6d8.csv",
         ),

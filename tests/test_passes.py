@@ -57,13 +57,23 @@ def test_multi_ffn_model_rewrites_two_sites_in_place():
 
 
 def test_nanogpt_gets_every_block():
-    model = GPT(GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=32))
-    idx = torch.randint(0, 256, (2, 64))
-    report = explain(model, idx)
+    model = GPT(GPTConfig(block_size=128, n_layer=4, n_head=4, n_embd=128))  # hidden 512: one group of 8 chunks
+    idx = torch.randint(0, 256, (2, 128))
+    report = explain(model, idx)  # the default options
     assert [s.record.module for s in report.sparse_sites] == [f"blocks.{i}.mlp" for i in range(4)]
     assert report.dense_sites == []
     text = str(report)
     assert "4 sparse FFN site(s), 0 dense" in text and "blocks.3.mlp" in text and "model.py" in text
+    assert "activations=128:4:8, chunk=64, causal," in text and "A128:4:8c64 causal" in text
+
+
+def test_default_leaves_what_it_cannot_take_dense_with_reason():
+    short = explain(GPT(GPTConfig(block_size=64, n_layer=1, n_head=4, n_embd=128)), torch.randint(0, 256, (2, 64)))
+    assert short.sparse_sites == [] and len(short.dense_sites) == 1
+    assert "need the sequence length (x's second-to-last dim) to be a multiple of V=128" in str(short)
+    narrow = explain(GPT(GPTConfig(block_size=128, n_layer=1, n_head=4, n_embd=32)), torch.randint(0, 256, (2, 128)))
+    assert narrow.sparse_sites == [] and len(narrow.dense_sites) == 1
+    assert "in chunks of 64 need hidden % (M * chunk) == 0; got hidden=128, M * chunk=512" in str(narrow)
 
 
 def test_shapes_the_kernels_cannot_take_stay_dense_with_reason():
