@@ -12,6 +12,8 @@ import sparse_compile
 from bench.model import GPT, GPTConfig
 
 CFG = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=256)
+# venom: its V=64 token blocks coincide with the sequences, so each rank's masks are one process's
+OPTIONS = {"preset": "venom"}
 GLOBAL_BATCH, SEQ, STEPS = 4, 64, 10
 
 
@@ -55,11 +57,13 @@ def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bo
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
-        compiled = torch.compile(model, backend="sparse")
+        compiled = torch.compile(model, backend="sparse", options=OPTIONS)
     elif mode == "ddp-inner":  # DDP around the compiled model: DDP's hooks stay outside the graph
-        compiled = DistributedDataParallel(torch.compile(model, backend="sparse"), bucket_cap_mb=bucket_mb)
+        inner = torch.compile(model, backend="sparse", options=OPTIONS)
+        compiled = DistributedDataParallel(inner, bucket_cap_mb=bucket_mb)
     else:
-        compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=bucket_mb), backend="sparse")
+        ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+        compiled = torch.compile(ddp, backend="sparse", options=OPTIONS)
     graphs: list[int] = []
     losses = train(model, compiled, rank, world, graphs)
     every_rank: list = [None] * world

@@ -104,7 +104,7 @@ def test_train_smoke_on_cpu(tmp_path):
         "--batch-size",
         "2",
         "--seq-len",
-        "64",
+        "128",
         "--log-every",
         "2",
         "--eval-every",

@@ -12,7 +12,7 @@ import torch
 
 from bench.model import GPT
 
-from .ddp_worker import CFG, train
+from .ddp_worker import CFG, OPTIONS, train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_ddp_without_graph_split_keeps_every_site_sparse_and_matches_one_process
     assert ddp["sparse"] == CFG.n_layer and ddp["dense_reasons"] == []
     torch.manual_seed(0)
     model = GPT(CFG)
-    single = train(model, torch.compile(model, backend="sparse"), rank=0, world=1)
+    single = train(model, torch.compile(model, backend="sparse", options=OPTIONS), rank=0, world=1)
     # same global batch per step; V=64 token blocks coincide with sequences, so masks are the same
     torch.testing.assert_close(torch.tensor(ddp["losses"]), torch.stack(single), rtol=1e-4, atol=1e-5)
     _same_graphs_on_every_rank_and_no_recompile(ddp)
@@ -77,7 +77,7 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
     assert fsdp["sparse"] >= 1 and fsdp["dense_reasons"] == []
     torch.manual_seed(0)
     model = GPT(CFG)
-    single = torch.stack(train(model, torch.compile(model, backend="sparse"), rank=0, world=1))
+    single = torch.stack(train(model, torch.compile(model, backend="sparse", options=OPTIONS), rank=0, world=1))
     torch.testing.assert_close(torch.tensor(fsdp["losses"]), single, rtol=1e-4, atol=1e-5)
     _same_graphs_on_every_rank_and_no_recompile(fsdp)
     torch._dynamo.reset()
@@ -93,7 +93,8 @@ def _train(out: Path, batch_size: int, mode: str = "none") -> str:
     if mode != "none":
         cmd += ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port()]
     cmd += ["-m", "bench.train", "--distributed", mode, "--runs", "sparse", "--steps", "4"]
-    cmd += ["--batch-size", str(batch_size), "--seq-len", "64", "--log-every", "2", "--eval-every", "2"]
+    # sequences of 128 tokens: the default's causal V=128 blocks, one per sequence on every rank
+    cmd += ["--batch-size", str(batch_size), "--seq-len", "128", "--log-every", "2", "--eval-every", "2"]
     cmd += ["--eval-iters", "1", "--no-progress", "--out", str(out)]
     log = out.with_suffix(".log")
     with open(log, "w") as f:
