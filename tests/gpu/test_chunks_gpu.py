@@ -165,9 +165,10 @@ def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
     assert _rel(outs["gather"][0], y_ref) < 1e-2
 
 
-def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels():
-    """The chunk kernels' curve against the reference kernels' (assert_trains_like_reference)."""
-    options = {"activations": "128:2:16", "chunk": 32}
+@pytest.mark.parametrize("options", [{"activations": "128:2:16", "chunk": 32}, {}], ids=["128:2:16-c32", "default"])
+def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels(options):
+    """The chunk kernels' curve against the reference kernels' (assert_trains_like_reference); {} is
+    the default options (causal 128:4:8 in chunks of 64)."""
     fast, kernels, _ = train_gpt({**options, "kernels": "auto"})
     assert kernels == {GATHER}
     assert_trains_like_reference(fast, options)
