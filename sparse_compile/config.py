@@ -174,7 +174,7 @@ class SparsityConfig:
 
 PRESETS: dict[str, SparsityConfig] = {
     # The default, chosen by measurement (bench/RESULTS.md sections 2 and 6): each 128-token block
-    # keeps 4 of every 8 chunks of 64 hidden units, chosen from the previous block. 1.094x a dense
+    # keeps 4 of every 8 chunks of 64 hidden units, chosen from the previous block. 1.106x a dense
     # step at 1.3B (H100), 1.104x at 2.7B (H200); the 125M main job ends +0.22% +- 0.75% from dense
     # over 3 seeds (venom: 0.963x, +0.68%).
     "chunked": SparsityConfig(activations="128:4:8", chunk=64, causal=True),

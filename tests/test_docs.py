@@ -72,12 +72,12 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    config = '{"activations": "128:4:8", "causal": true, "chunk": 64}'
-    files = {"1.3B, H100": "h100_e2e_1.3b_128-4-8-causal-chunk64_a17ca38_e2e.csv",
-             "2.7B, H200": "h200_e2e_3b_128-4-8-causal-chunk64_a17ca38_e2e.csv"}  # fmt: skip
+    config = '{"activations": "128:4:8", "causal": true, "chunk": 64}'  # the default's options, spelled out
+    files = {"1.3B, H100": ("h100_e2e_1.3b_default_df578b3_e2e.csv", "default"),
+             "2.7B, H200": ("h200_e2e_3b_128-4-8-causal-chunk64_a17ca38_e2e.csv", config)}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
-    for size, name in files.items():
-        row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == config)
+    for size, (name, label) in files.items():
+        row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == label)
         assert rows[size][1] == f"{float(row['speedup']):.3f}x", size
         assert rows[size][2] == f"{float(row['mem_vs_dense']):.2f}", size
 
@@ -93,7 +93,7 @@ def test_speed_quality_table_is_the_measured_csvs():
     chunk64 = '{"activations": "128:4:16", "causal": true, "chunk": 64}'
     sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
         (f"default (`{default}`)", "10% / 25%"): (
-            ("h100_e2e_1.3b_128-4-8-causal-chunk64_a17ca38_e2e.csv", default),
+            ("h100_e2e_1.3b_default_df578b3_e2e.csv", "default"),
             "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_5e0c722.csv",
         ),
         ("venom (former default)", "10% / 25%"): (
@@ -113,7 +113,7 @@ def test_speed_quality_table_is_the_measured_csvs():
             "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.4_b64ab84.csv",
         ),
         (f"`{chunk64}`", "10% / 40%"): (
-            ("h100_e2e_1.3b_chunk_349ef49.csv", chunk64),
+            ("h100_e2e_1.3b_default_df578b3_e2e.csv", chunk64),
             "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_fd40_bc520ee.csv",
         ),
         ('`{"activations": "128:4:16", "causal": true, "permute": true}`', "10% / 25%, re-clustered every 100 steps"): (
