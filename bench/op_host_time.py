@@ -8,14 +8,16 @@ host for each layer of the sparse path:
   impl (python fn)  the op's Python function called directly (spec parsing, checks)
   kernels           kernels/ffn_gather.py's forward / backward (the launches)
 beside one torch.mm and one empty_like for scale, with the CUDA kernels each call launches
-(torch.profiler). A cProfile of the kernel calls follows. The differences between rows are what
-each layer costs.
+(torch.profiler). The rows run in --rounds rounds, each in another order (round_orders), and each
+row shows its median and range: a row's figure must not depend on where it ran. A cProfile of
+the kernel calls follows. The differences between rows are what each layer costs.
 """
 
 import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import time
 
 import torch
@@ -27,10 +29,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.op_host_time", description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="16,1024,768,3072", help="batch,seq,d,hidden (default: the 125M main job)")
     p.add_argument("--sparsity", default='{"activations": "128:4:16", "causal": true}', help="JSON options")
-    p.add_argument("--calls", type=int, default=30, help="timed calls per row")
+    p.add_argument("--calls", type=int, default=30, help="timed calls per row and round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the rows, each in another order (median shown)")
     args = p.parse_args(argv)
+    for name in ("calls", "rounds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} {getattr(args, name)}: expected an int >= 1")
     start_gpu_bench(p, "python -m bench.op_host_time", argv)
     return args
+
+
+def round_orders(rows: list[str], rounds: int) -> list[list[str]]:
+    """The rows' order in each round: round r is the rows rotated to start at row r * len(rows) //
+    rounds, so with rounds <= len(rows) every row is timed at a different place in every round."""
+    return [rows[k:] + rows[:k] for k in (r * len(rows) // rounds for r in range(rounds))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,20 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     for f in calls.values():
         f(), f()
-    print(f"{'call':40s} host us/call (GPU busy)   launches/call")
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for order in round_orders(list(calls), args.rounds):  # a row's figure must not depend on its place
+        for name in order:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(3e9))  # ~2 s of GPU work queued first: no call below waits for the GPU
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                calls[name]()
+            times[name].append(1e6 * (time.perf_counter() - t0) / args.calls)
+    torch.cuda.synchronize()
+    print(f"{'call':40s} host us/call (GPU busy): median, min-max of {args.rounds} rounds   launches/call")
     for name, f in calls.items():
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(3e9))  # ~2 s of GPU work queued first: no call below waits for the GPU
-        t0 = time.perf_counter()
-        for _ in range(args.calls):
-            f()
-        host_us = 1e6 * (time.perf_counter() - t0) / args.calls
-        torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             f()
             torch.cuda.synchronize()
         launches = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
-        print(f"{name:40s} {host_us:10.1f}   {launches}", flush=True)
+        t = times[name]
+        print(f"{name:40s} {statistics.median(t):10.1f}  {min(t):8.1f}-{max(t):<8.1f}   {launches}", flush=True)
     for name in ("fwd kernels", "bwd kernels", "fwd op (dispatcher)"):
         torch.cuda.synchronize()
         torch.cuda._sleep(int(3e9))

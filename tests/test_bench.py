@@ -437,6 +437,28 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
     assert folders["dense"] == [tmp_path / "d0"]
 
 
+def test_op_host_time_rounds_move_every_row():
+    from bench.op_host_time import round_orders
+
+    rows = [f"r{i}" for i in range(8)]
+    orders = round_orders(rows, 3)
+    assert len(orders) == 3 and all(sorted(o) == sorted(rows) for o in orders)
+    assert orders[0] == rows
+    for row in rows:  # each row at three different places, so an order effect shows as a range
+        assert len({o.index(row) for o in orders}) == 3, row
+    assert round_orders(rows, 1) == [rows]
+
+
+@pytest.mark.parametrize("flag", ["--calls", "--rounds"])
+def test_op_host_time_bad_counts_are_refused(capsys, flag):
+    from bench import op_host_time
+
+    with pytest.raises(SystemExit) as exit_info:
+        op_host_time.main([flag, "0"])
+    assert exit_info.value.code == 2
+    assert f"{flag} 0: expected an int >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_op_host_time_refuses_without_a_gpu(capsys):
     from bench import op_host_time
