@@ -227,15 +227,6 @@ def chunk_colsum(
     return db
 
 
-# The tile orientation by ``square`` (B2: True, B4: False). units_m is not yet timed on a GPU (the
-# bench.chunk_kernels --sweep rows "units x"); predicted faster for B4: per k16 step of a 64 x 256
-# tile, one m64n256k16 wgmma reads 2 + 8 KB of shared memory, four m64n64k16 (the 256 x 64 tile)
-# 4 x (2 + 2) = 16 KB, for the same 524k FLOP.
-# For B2 its sm90 build (Triton 3.9) loads the squared A tile with 64 scalar 16-bit loads per thread
-# (the dot's register layout is put on the load): 1,168 SASS instructions against 568.
-UNITS_M = {True: False, False: False}
-
-
 def chunk_wgrad_supports(v: int, c: int) -> bool:
     """Whether the kernel takes chunks of c units in blocks of V tokens: c a power of two >= 16
     (the tensor-core tile's N), V a multiple of 16."""
@@ -268,14 +259,17 @@ def chunk_wgrad(
     num_warps: int | None = None,
     num_stages: int = 3,
     split: int | None = None,
-    units_m: bool | None = None,
+    units_m: bool = False,
 ) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
     ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
-    ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c]
-    (None: ``UNITS_M`` on CUDA for c >= 64, the wgmma's M, else False)."""
+    ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c].
+    Off by default: on an H100 at (16384, 2048, 8192), c = 64, B4 took 0.412-0.415 ms against 0.416
+    and B2 0.568-0.697 against 0.464 (bench.chunk_kernels --sweep, 5e0c722; bench/RESULTS.md
+    section 2), where one m64n256k16 per k16 step was predicted to read 10 instead of 16 KB of
+    shared memory; and B2's sm90 build loads its squared A tile with scalar 16-bit loads."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -287,8 +281,6 @@ def chunk_wgrad(
     # H100, c = 64, bench.chunk_kernels --sweep: BLOCK_D 256, 8 warps 1.834 ms at (16384, 4096, 16384),
     # against 2.001 for 128 / 4 warps; 0.462 vs 0.497 ms at (16384, 2048, 8192)
     cuda = a.device.type == "cuda"
-    if units_m is None:
-        units_m = cuda and c >= 64 and UNITS_M[square]
     block_d = block_d or (256 if cuda else 32)
     num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
     block_k = block_k or (64 if v % 64 == 0 else 16)
