@@ -7,7 +7,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
   B2, B4       kernels/chunk_wgrad_triton.py vs cuBLAS on the dense product (dY^T H~ [d, T] x [T, h],
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
                left at keep 4/M); with --sweep also the B2 and B4 kernels' tilings, split-K
-               factors and tile orientations (units_m: the chunk's units along the MMA's M)
+               factors, tile orientations (units_m: the chunk's units along the MMA's M) and loads
+               (TMA descriptors or pointer tiles); "B2/B4 pointers": the default tile through pointers
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
   db1 (colsum) B4's bias gradient from the compact dZ~ (kernels/chunk_wgrad_triton.chunk_colsum) vs
                copy bandwidth (bytes: dZ~ read once), beside the dense path's dZ.sum(0)
@@ -51,21 +52,28 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-# (BLOCK_D, BLOCK_K, warps, stages, split, units_m): units_m puts the chunk's c units along the MMA's M
+# (BLOCK_D, BLOCK_K, warps, stages, split, units_m, tma): units_m puts the chunk's c units along the
+# MMA's M; tma loads both operands through TMA descriptors (sm90), else through pointer tiles
 SWEEP = [
-    (256, 64, 8, 3, 1, False),
-    (256, 64, 8, 3, 2, False),
-    (256, 64, 8, 3, 4, False),
-    (256, 64, 8, 3, 8, False),
-    (128, 64, 4, 3, 1, False),
-    (128, 64, 4, 3, 2, False),
-    (128, 64, 4, 3, 4, False),
-    (128, 128, 8, 3, 1, False),
-    (64, 128, 4, 4, 1, False),
-    (64, 64, 4, 3, 2, False),
-    (256, 64, 4, 3, 1, True),
-    (128, 64, 4, 3, 1, True),
-    (256, 64, 8, 3, 1, True),
+    (256, 64, 8, 3, 1, False, False),
+    (256, 64, 8, 3, 2, False, False),
+    (256, 64, 8, 3, 4, False, False),
+    (128, 64, 4, 3, 1, False, False),
+    (128, 64, 4, 3, 2, False, False),
+    (128, 128, 8, 3, 1, False, False),
+    (64, 128, 4, 4, 1, False, False),
+    (256, 64, 4, 3, 1, True, False),
+    (128, 64, 4, 3, 1, True, False),
+    (256, 64, 8, 3, 1, False, True),
+    (256, 64, 8, 4, 1, False, True),
+    (256, 64, 8, 2, 1, False, True),
+    (128, 64, 4, 4, 1, False, True),
+    (128, 64, 8, 4, 1, False, True),
+    (128, 128, 8, 3, 1, False, True),
+    (256, 64, 4, 3, 1, True, True),
+    (256, 64, 4, 4, 1, True, True),
+    (256, 64, 8, 3, 1, True, True),
+    (128, 64, 4, 4, 1, True, True),
 ]
 
 
@@ -117,9 +125,11 @@ def measure(
     rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": same,
                  "baseline": "torch (~10 launches)", "baseline ms": _ms(lambda: chunk_csr_ref(ids, c, h))})  # fmt: skip
     dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
-    # B2 and B4 as the op runs them
-    for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
-        kw = dict(square=square, transpose=transpose, csr=csr)
+    # B2 and B4 as the op runs them, and through pointer tiles (tma=False) for comparison
+    wgrads = [("B2", r_c, dy, True, True, None), ("B4", dz_c, x, False, False, None)]
+    wgrads += [("B2 pointers", r_c, dy, True, True, False), ("B4 pointers", dz_c, x, False, False, False)]
+    for name, a, b, square, transpose, tma in wgrads:
+        kw = dict(square=square, transpose=transpose, csr=csr, tma=tma)
         got = chunk_wgrad(a, ids, b, v, c, h, **kw)
         dense_a = vnm_scatter_ref(a * a if square else a, ids, v, h)
         want = dense_a.t() @ b
@@ -140,16 +150,16 @@ def measure(
     if sweep:  # tilings of the B2 and B4 kernels (SWEEP); the check: relative error against the dense product
         for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
             want = vnm_scatter_ref(a * a if square else a, ids, v, h).t() @ b
-            for bd, bk, w, st, sp, um in SWEEP:
+            for bd, bk, w, st, sp, um, tma in SWEEP:
                 kw = dict(square=square, transpose=transpose, csr=csr, block_d=bd, block_k=bk, num_warps=w)
-                kw.update(num_stages=st, split=sp, units_m=um)
+                kw.update(num_stages=st, split=sp, units_m=um, tma=tma)
                 try:
                     got = chunk_wgrad(a, ids, b, v, c, h, **kw)
                     check = f"rel {_rel(got.t() if transpose else got, want):.1e}"
                     ms = _ms(lambda a=a, b=b, kw=kw: chunk_wgrad(a, ids, b, v, c, h, **kw))
                 except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
                     check, ms = f"{type(e).__name__}", float("nan")
-                tile = f"{name} tiling {'units x ' if um else ''}{bd}x{bk} w{w} s{st} split {sp}"
+                tile = f"{name} tiling {'units x ' if um else ''}{bd}x{bk} w{w} s{st} split {sp}{' TMA' if tma else ''}"
                 rows.append({**label, "kernel": tile, "ms": ms, "check": check})
     # F2 and B1 read W2 [d, h] in place along the chunk runs (w2.t()): against the same GEMM on a
     # contiguous W2^T, copy included (what the chunk path ran before); check: relative difference

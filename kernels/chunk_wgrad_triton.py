@@ -35,8 +35,9 @@ Summed inside the wgrad kernel it either raced (tl.sum) or cost +78% (a ones dot
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from sparse_compile.kernels.gather_gemm_triton import sm_count
+from sparse_compile.kernels.gather_gemm_triton import sm_count, tma_for
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -105,11 +106,13 @@ def _chunk_wgrad_kernel(
     a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, UNITS_M: tl.constexpr,
+    SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
     out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
-    MMA's M), else [BLOCK_D, C] += B^T A."""
+    MMA's M), else [BLOCK_D, C] += B^T A. USE_TMA: a_ptr and b_ptr are TMA descriptors of A [T, Kc]
+    ([BLOCK_K, C] tiles) and B [T, D] ([BLOCK_K, BLOCK_D] tiles, zero-filled past D): each K step is
+    two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in registers."""
     chunk = tl.program_id(0)
     dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
@@ -134,14 +137,18 @@ def _chunk_wgrad_kernel(
         e = start + i // ksteps
         row0 = tl.load(blocks_ptr + e) * V + (i % ksteps) * BLOCK_K
         col = tl.multiple_of(tl.load(cols_ptr + e), C)
-        rows = (row0.to(tl.int64) if I64 else row0) + ok
-        a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
-        if SQUARE:
-            a = (a.to(tl.float32) * a.to(tl.float32)).to(a_ptr.dtype.element_ty)  # H~ = R~^2, one rounding
-        if EVEN_D:
-            b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
+        if USE_TMA:
+            a = a_ptr.load([row0, col])  # [BLOCK_K, C]
+            b = b_ptr.load([row0, tl.program_id(1) * BLOCK_D])  # [BLOCK_K, BLOCK_D]
         else:
-            b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
+            rows = (row0.to(tl.int64) if I64 else row0) + ok
+            a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
+            if EVEN_D:
+                b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :])
+            else:
+                b = tl.load(b_ptr + rows[:, None] * stride_b + dd[None, :], mask=d_ok[None, :], other=0.0)
+        if SQUARE:
+            a = (a.to(tl.float32) * a.to(tl.float32)).to(a.dtype)  # H~ = R~^2, one rounding
         if UNITS_M:  # [C, BLOCK_D] += A^T B
             lhs, rhs = tl.trans(a), b
         else:  # [BLOCK_D, C] += B^T A
@@ -257,9 +264,10 @@ def chunk_wgrad(
     block_d: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 3,
+    num_stages: int | None = None,
     split: int | None = None,
     units_m: bool = False,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
@@ -269,7 +277,10 @@ def chunk_wgrad(
     Off by default: on an H100 at (16384, 2048, 8192), c = 64, B4 took 0.412-0.415 ms against 0.416
     and B2 0.568-0.697 against 0.464 (bench.chunk_kernels --sweep, 5e0c722; bench/RESULTS.md
     section 2), where one m64n256k16 per k16 step was predicted to read 10 instead of 16 KB of
-    shared memory; and B2's sm90 build loads its squared A tile with scalar 16-bit loads."""
+    shared memory; and B2's sm90 build loads its squared A tile with scalar 16-bit loads.
+    ``tma``: load a and b through TMA descriptors (None: for c >= 128 on sm90+ where both are 16-byte
+    aligned; c = 64 measured no faster through TMA). None for block_d, num_warps, num_stages: the
+    measured defaults per c."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -278,11 +289,17 @@ def chunk_wgrad(
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
-    # H100, c = 64, bench.chunk_kernels --sweep: BLOCK_D 256, 8 warps 1.834 ms at (16384, 4096, 16384),
-    # against 2.001 for 128 / 4 warps; 0.462 vs 0.497 ms at (16384, 2048, 8192)
+    # H100, bench.chunk_kernels --sweep (bench/RESULTS.md section 2). c = 64: BLOCK_D 256, 8 warps
+    # through pointers, 1.834 ms at (16384, 4096, 16384) against 2.001 for 128 / 4 warps, 0.462 vs 0.497
+    # ms at (16384, 2048, 8192); through TMA no faster (0.778-0.843 against 0.784-0.863 at 128:4:8):
+    # the kernel is L2-bound there. c = 128: a [128, 128] tile, 4 warps, 4 stages, TMA: B4 0.606 ms
+    # against 0.808 for the 256 tile through pointers at 128:4:8, B2 0.858 against 0.961
     cuda = a.device.type == "cuda"
-    block_d = block_d or (256 if cuda else 32)
-    num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
+    wide = c >= 128 and cuda and not units_m
+    block_d = block_d or (32 if not cuda else 128 if wide else 256)
+    num_warps = num_warps or (4 if units_m or wide or not cuda else 8)  # [64, 256] float32: one warpgroup
+    num_stages = num_stages or (4 if wide else 3)
+    tma = tma if tma is not None else (None if wide else False)
     block_k = block_k or (64 if v % 64 == 0 else 16)
     if v % block_k:
         raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
@@ -292,10 +309,18 @@ def chunk_wgrad(
     if split < 1:
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
     dst = out if split == 1 else torch.empty((split, out.numel()), device=a.device, dtype=torch.float32)
+    # square with units_m: Triton 3.6 keeps the squared A^T tile in one shared slot under async wgmma
+    # (tests/triton_sm90_compile.py's one-slot check), so that pair loads through pointers
+    if tma and square and units_m:
+        raise ValueError("chunk_wgrad: tma=True with square=True and units_m=True is not built (one-slot A^T tile)")
+    use_tma = not (square and units_m) and tma_for(a, tma) and tma_for(b, tma)
+    a_src = TensorDescriptor.from_tensor(a, [block_k, c]) if use_tma else a
+    b_src = TensorDescriptor.from_tensor(b, [block_k, block_d]) if use_tma else b
     _chunk_wgrad_kernel[(h // c, triton.cdiv(d, block_d), split)](
-        a, b, dst, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
+        a_src, b_src, dst, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, num_warps=num_warps,
+        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma,
+        num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch

@@ -95,14 +95,14 @@ def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]
     ]
 
 
-def _tma(t: torch.Tensor, tma: bool | None) -> bool:
-    """Whether to load the contiguous operand ``t`` through a TMA descriptor: asked for, or (None)
-    on sm90+ when its base and row stride are 16-byte aligned, as TMA requires."""
+def tma_for(t: torch.Tensor, tma: bool | None) -> bool:
+    """Whether to load ``t`` (row-major) through a TMA descriptor: asked for, or (None) on sm90+
+    when its base and row stride are 16-byte aligned, as TMA requires."""
     aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
     if tma is None:
         return TMA_DEFAULT and aligned and t.is_cuda and torch.cuda.get_device_capability(t.device) >= (9, 0)
     if tma and not aligned:
-        raise ValueError(f"gather GEMM: tma=True needs a 16-byte aligned base and row stride; got stride {t.stride()}")
+        raise ValueError(f"tma=True needs a 16-byte aligned base and row stride; got stride {t.stride()}")
     return tma
 
 
@@ -373,7 +373,7 @@ def gather_k_mm(
         raise ValueError(f"gather_k_mm: bias must be contiguous [{n}] of {c.dtype}; got {tuple(bias.shape)}")
     out = torch.empty(t, n, device=c.device, dtype=c.dtype)
 
-    use_tma = _tma(c, tma)
+    use_tma = tma_for(c, tma)
     _K_STORE.load(c.device)
     _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
         c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
@@ -417,7 +417,7 @@ def gather_n_mm(
     # rows for the narrowest row tile of any config; the tuned one fills the first T/BLOCK_M
     sums = torch.empty(t // _MIN_BLOCK_M, kc, device=a.device, dtype=torch.float32) if tile_sums else out
 
-    use_tma = _tma(a, tma)
+    use_tma = tma_for(a, tma)
     persist = _persistent(a, persistent)
     _N_STORE.load(a.device)
     _gather_n_kernel[_grid(t, kc, a.device, persist)](

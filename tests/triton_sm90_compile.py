@@ -2,7 +2,8 @@
 
 The CPU interpreter runs kernels as Python, so it accepts constructs the compiler rejects (starred
 unpacking, for one). This script goes through Triton's real front end, optimizer and ptxas.
-Run in a fresh process (no TRITON_INTERPRET): python -m tests.triton_sm90_compile
+Run in a fresh process (no TRITON_INTERPRET): python -m tests.triton_sm90_compile ["chunk wgrad" ...]
+(arguments: only the kernels whose label starts with one of them).
 The GPU machines run Triton 3.6; CI gets the newest Triton, whose compiler accepts some things 3.6
 does not (an fp64 dot on 16-bit loads). Before a GPU run, also check against 3.6:
 pip install --target /tmp/t36 --no-deps triton==3.6.0; PYTHONPATH=/tmp/t36 python -m tests.triton_sm90_compile
@@ -168,7 +169,13 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]
     wgrad += [(64, False, 4, False, 128, 4), (64, True, 1, False, 256, 8)]
     wgrad += [(64, False, 1, True, 256, 4)]  # B2 (square) with units_m: 64 scalar 16-bit loads of A, not built
-    for c, square, split, units_m, block_d, warps in wgrad:
+    wgrad = [(*case, False) for case in wgrad]
+    # through TMA descriptors: c = 64 at its default tile, c = 128 at its default (TMA, [128, 128]), and
+    # units along M
+    wgrad += [(64, False, 1, False, 256, 8, True), (64, True, 1, False, 256, 8, True)]
+    wgrad += [(128, False, 1, False, 128, 4, True), (128, True, 1, False, 128, 4, True)]
+    wgrad += [(64, False, 1, True, 256, 4, True), (128, False, 1, True, 256, 8, True)]  # B2 units x d: no TMA
+    for c, square, split, units_m, block_d, warps, tma in wgrad:
         ce = {
             "C": c,
             "BLOCK_D": block_d,
@@ -180,13 +187,19 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "IEEE": False,
             "SPLIT": split,
             "UNITS_M": units_m,
+            "USE_TMA": tma,
         }
         names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M"
-        types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16" if split == 1 else "*fp32"}
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA"
+        types = (
+            {"a_ptr": f"tensordesc<bf16[64,{c}]>", "b_ptr": f"tensordesc<bf16[64,{block_d}]>"}
+            if tma
+            else {"a_ptr": "*bf16", "b_ptr": "*bf16"}
+        )
+        types["out_ptr"] = "*bf16" if split == 1 else "*fp32"
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
-        label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}"
+        label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
         launch = {"num_warps": warps, "num_stages": 3}
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce, launch))
     ce = {"C": 64, "ENT": 32}
@@ -312,14 +325,16 @@ def check(index: int) -> tuple[bool, str]:
     return False, f"ok      {name}  {sass}{dict(ops)}"
 
 
-def main() -> int:
-    """Every kernel checked, one process per core (each compile is single-threaded); lines in kernels() order."""
+def main(argv: list[str]) -> int:
+    """Every kernel checked (with arguments: those whose label starts with one of them), one process
+    per core (each compile is single-threaded); lines in kernels() order."""
+    picked = [i for i, case in enumerate(kernels()) if not argv or case[0].startswith(tuple(argv))]
     with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, 8)) as pool:
-        results = pool.map(check, range(len(kernels())), chunksize=1)
+        results = pool.map(check, picked, chunksize=1)
     for _, line in results:
         print(line)
     return 1 if any(failed for failed, _ in results) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
