@@ -118,6 +118,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help='with {"permute": true} in --sparsity: refit the hidden-unit permutations on the current batch '
         "every N steps of the sparse phase (sparse_compile.recluster; 0: never)",
     )
+    p.add_argument(
+        "--dense-every",
+        type=int,
+        default=0,
+        help="run every N-th step of the sparse phase dense as well (N >= 2; 0: never): the weights keep "
+        "seeing the dense function; the sparse segment's tokens/s then include those steps",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--save-every", type=int, default=0, help="write OUT/checkpoint.pt every N steps (0: never)")
     p.add_argument(
@@ -204,6 +211,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.config = BackendOptions.parse(options).config
     except ValueError as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
+    if args.dense_every < 0 or args.dense_every == 1:
+        p.error(f"--dense-every {args.dense_every}: expected 0 (never) or an int >= 2")
     if args.recluster_every < 0 or (args.recluster_every and not args.config.permute):
         p.error(f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true in --sparsity')
     if args.compile_mode != "default":
@@ -297,7 +306,7 @@ VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and
 CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
     "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed", "compile_mode",
-    "device", "corpus", "recluster_every", "deterministic",
+    "device", "corpus", "recluster_every", "deterministic", "dense_every",
 )  # fmt: skip
 
 
@@ -360,6 +369,8 @@ def train_one(
     # Not timed: the first two steps of a process (compile) and the first step of each segment (a
     # phase switch: the first sparse step autotunes and compiles the Triton kernels, seconds on a GPU).
     first_steps = {start, start + 1, schedule.dense_warmup_steps, schedule.dense_from_step}
+    if schedule.dense_every:  # the first dense step inside the sparse window (compiles where warm-up is 0)
+        first_steps.add(schedule.dense_warmup_steps + schedule.dense_every - 1)
 
     def save(step: int) -> None:
         interval = {"losses": losses, "time": interval_time, "tokens": interval_tokens}
@@ -372,9 +383,10 @@ def train_one(
 
     bar = tqdm(range(start, args.steps), desc=f"{name:>6}", disable=args.no_progress or not d.main, file=sys.stderr)
     for step in bar:
-        in_sparse_window = schedule.phase_at(step) == "sparse"
+        in_sparse_window = schedule.in_sparse_window(step)
         segment = "sparse" if in_sparse_window else ("warmup" if step < schedule.dense_warmup_steps else "final")
-        phase = schedule.step(step) if name == "sparse" else "dense"
+        phase = schedule.step(step) if name == "sparse" else "dense"  # this step's (--dense-every's steps: dense)
+        window = "sparse" if name == "sparse" and in_sparse_window else "dense"  # logged, and evaluated in
         for g in opt.param_groups:
             g["lr"] = _lr(step, args)
         x, y = batches.next(device)
@@ -400,7 +412,7 @@ def train_one(
                 "run": name,
                 "step": step + 1,
                 "segment": segment,
-                "phase": phase,
+                "phase": window,
                 "lr": _lr(step, args),
                 "loss": distributed.mean(sum(losses) / len(losses), d, device),
                 "val_loss": "",
@@ -408,13 +420,14 @@ def train_one(
                 "tokens_per_s": interval_tokens / distributed.mean(interval_time, d, device),
             }
             if (step + 1) % args.eval_every == 0 or last:
+                sparse_compile.set_phase(window)
                 row["val_loss"] = evaluate(args.final_eval_iters if last else args.eval_iters)
-                if phase == "sparse":  # the same weights with dense FFNs: does the sparse model lean on
+                if window == "sparse":  # the same weights with dense FFNs: does the sparse model lean on
                     with sparse_compile.dense_phase():  # what its pattern sees (future tokens of a block)?
                         row["val_loss_dense"] = evaluate(args.eval_iters)
             row.update(health.probe(x, autocast))
             result.rows.append(row)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", phase=phase)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", phase=window)
             losses, interval_time, interval_tokens = [], 0.0, 0
         out_of_time = args.deadline is not None and time.perf_counter() > args.deadline
         if ckpt is not None and (step + 1 == args.stop_at or (out_of_time and not last)):
@@ -537,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.distributed.barrier()
     if not d.main:
         corpus = Corpus.load(args.data_dir, source=args.corpus)
-    schedule = sparse_compile.PhaseSchedule.from_fractions(args.steps, args.warmup_frac, args.final_dense_frac)
+    schedule = sparse_compile.PhaseSchedule.from_fractions(
+        args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every
+    )
     # The same validation windows for every seed, so that runs of different seeds compare.
     val = Batches(corpus.val, args.batch_size, args.seq_len, VAL_SEED, d.rank, d.world)
     val_batches = [val.next(args.device) for _ in range(args.final_eval_iters)]
@@ -548,7 +563,9 @@ def main(argv: list[str] | None = None) -> int:
         + f"; corpus {corpus.n_files} files of {corpus.source} "
         f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
         f"sparse: {args.config}; schedule: dense steps [0, {schedule.dense_warmup_steps}), sparse "
-        f"[{schedule.dense_warmup_steps}, {schedule.dense_from_step}), dense after\n"
+        f"[{schedule.dense_warmup_steps}, {schedule.dense_from_step})"
+        + (f" with one step in {schedule.dense_every} dense" if schedule.dense_every else "")
+        + ", dense after\n"
         + "\n".join(f"{k}: {v}" for k, v in env.items())
     )
     if d.main:

@@ -39,16 +39,24 @@ def dense_phase() -> Iterator[None]:
 @dataclass(frozen=True)
 class PhaseSchedule:
     """Step-based phases: dense for steps < dense_warmup_steps, sparse until dense_from_step, dense after.
+    With ``dense_every`` = k > 1, every k-th step of the sparse window runs dense as well (steps
+    dense_warmup_steps + k - 1, + 2k - 1, ...): the weights keep seeing the dense function.
 
     ``schedule.step(i)`` sets and returns the phase of step i; call it once per training step.
     """
 
     dense_warmup_steps: int = 0
     dense_from_step: int | None = None
+    dense_every: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.dense_warmup_steps, int) or self.dense_warmup_steps < 0:
             raise ValueError(f"PhaseSchedule.dense_warmup_steps={self.dense_warmup_steps!r}: expected an int >= 0")
+        if not isinstance(self.dense_every, int) or self.dense_every < 0 or self.dense_every == 1:
+            raise ValueError(
+                f"PhaseSchedule.dense_every={self.dense_every!r}: expected 0 (never) or an int >= 2 "
+                "(1 would make every step dense)"
+            )
         end = self.dense_from_step
         if end is not None and (not isinstance(end, int) or end < self.dense_warmup_steps):
             raise ValueError(
@@ -57,22 +65,32 @@ class PhaseSchedule:
             )
 
     @classmethod
-    def from_fractions(cls, total_steps: int, warmup: float, final_dense: float) -> "PhaseSchedule":
-        """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``."""
+    def from_fractions(
+        cls, total_steps: int, warmup: float, final_dense: float, dense_every: int = 0
+    ) -> "PhaseSchedule":
+        """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
+        (and every ``dense_every``-th step between)."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")
         if warmup + final_dense > 1.0:
             raise ValueError(f"PhaseSchedule.from_fractions: warmup + final_dense = {warmup + final_dense} > 1")
         start = round(total_steps * warmup)
-        return cls(start, max(start, total_steps - round(total_steps * final_dense)))
+        return cls(start, max(start, total_steps - round(total_steps * final_dense)), dense_every)
 
     def phase_at(self, step: int) -> str:
         if step < self.dense_warmup_steps:
             return "dense"
         if self.dense_from_step is not None and step >= self.dense_from_step:
             return "dense"
+        if self.dense_every and (step - self.dense_warmup_steps) % self.dense_every == self.dense_every - 1:
+            return "dense"
         return "sparse"
+
+    def in_sparse_window(self, step: int) -> bool:
+        """Whether step lies between the dense warm-up and the dense recovery (dense_every's dense
+        steps included)."""
+        return step >= self.dense_warmup_steps and (self.dense_from_step is None or step < self.dense_from_step)
 
     def step(self, step: int) -> str:
         name = self.phase_at(step)

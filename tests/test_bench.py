@@ -146,6 +146,7 @@ def test_train_smoke_on_cpu(tmp_path):
         (["--seq-len", "4096"], "> block size"),
         (["--runs", "dense,fast"], "--runs"),
         (["--time-limit", "0"], "expected seconds > 0"),
+        (["--dense-every", "1"], "--dense-every 1: expected 0 (never) or an int >= 2"),
     ],
 )
 def test_bad_arguments_exit_non_zero(args, message, capsys):
@@ -161,6 +162,29 @@ def test_bad_argument_exits_non_zero_from_the_command_line():
         [sys.executable, "-m", "bench.train", "--steps", "0"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0 and "expected an int > 0" in done.stderr
+
+
+def test_dense_every_runs_dense_steps_inside_the_sparse_phase(tmp_path):
+    """--dense-every 2: the sparse run's log keeps phase 'sparse' through its window (evaluated
+    sparse, with the dense twin), and its losses equal the plain schedule's up to the window's first
+    step and differ from its second on (run dense: another forward, then other weights)."""
+    from bench.train import main as train_main
+
+    common = ["--steps", "8", "--batch-size", "2", "--seq-len", "64", "--log-every", "1", "--eval-every", "4"]
+    common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), "--runs", "sparse"]
+    logs = {}
+    for name, extra in (("plain", []), ("every2", ["--dense-every", "2"])):
+        torch._dynamo.reset()
+        assert train_main([*common, *extra, "--out", str(tmp_path / name)]) == 0
+        logs[name] = list(csv.DictReader(open(tmp_path / name / "log.csv")))
+    plain, every2 = logs["plain"], logs["every2"]
+    assert [r["phase"] for r in plain] == [r["phase"] for r in every2]
+    window = [i for i, r in enumerate(plain) if r["phase"] == "sparse"]  # steps 1..5 of 8 (warm-up 10%: 1)
+    assert window and all(every2[i]["val_loss_dense"] for i in window if every2[i]["val_loss"])
+    first = window[0]
+    assert [r["loss"] for r in plain[: first + 1]] == [r["loss"] for r in every2[: first + 1]]
+    assert plain[first + 1]["loss"] != every2[first + 1]["loss"]  # the window's second step: dense in every2
+    assert "with one step in 2 dense" in (tmp_path / "every2" / "summary.txt").read_text()
 
 
 def test_resumed_runs_equal_the_uninterrupted_run(tmp_path):

@@ -46,7 +46,21 @@ def test_schedule_from_fractions():
         PhaseSchedule.from_fractions(100, warmup=0.6, final_dense=0.6)
 
 
-@pytest.mark.parametrize("kwargs", [{"dense_warmup_steps": -1}, {"dense_warmup_steps": 5, "dense_from_step": 3}])
+def test_schedule_dense_every_kth_step_of_the_sparse_window():
+    s = PhaseSchedule.from_fractions(20, warmup=0.1, final_dense=0.25, dense_every=3)  # sparse window [2, 15)
+    phases = [s.phase_at(i) for i in range(20)]
+    dense_inside = [i for i in range(2, 15) if phases[i] == "dense"]
+    assert dense_inside == [4, 7, 10, 13]  # warm-up + 2, + 5, ...: every third step of the window
+    assert phases[:2] == ["dense"] * 2 and phases[15:] == ["dense"] * 5
+    assert [s.in_sparse_window(i) for i in (1, 2, 4, 14, 15)] == [False, True, True, True, False]
+    assert PhaseSchedule(2, 15).in_sparse_window(4) and PhaseSchedule(2, 15).phase_at(4) == "sparse"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"dense_warmup_steps": -1}, {"dense_warmup_steps": 5, "dense_from_step": 3}, {"dense_every": 1},
+     {"dense_every": -2}],
+)  # fmt: skip
 def test_schedule_rejects_bad_steps(kwargs):
     with pytest.raises(ValueError, match="PhaseSchedule"):
         PhaseSchedule(**kwargs)
