@@ -128,6 +128,14 @@ def test_speed_quality_table_is_the_measured_csvs():
             "h100_125m_2400steps_seeds_128-4-16-causal-chunk64-permute_recluster-100_fd40_e8b4234.csv",
         ),
     }
+    sources[(f"`{chunk64}`", "10% / 25%, one step in 4 dense")] = (
+        None,
+        "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_dense-every-4_86e0e93.csv",
+    )
+    sources[(f"`{causal}`", "10% / 50%")] = (
+        ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
+        "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.5_86e0e93.csv",
+    )
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
     table = _table_after(README, header)[2:]
     assert len(table) == len(sources)
