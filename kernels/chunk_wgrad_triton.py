@@ -299,7 +299,8 @@ def chunk_wgrad(
     block_d = block_d or (32 if not cuda else 128 if wide else 256)
     num_warps = num_warps or (4 if units_m or wide or not cuda else 8)  # [64, 256] float32: one warpgroup
     num_stages = num_stages or (4 if wide else 3)
-    tma = tma if tma is not None else (None if wide else False)
+    if tma is None and not wide:  # c = 64: pointer tiles (None stays: TMA where tma_for allows)
+        tma = False
     block_k = block_k or (64 if v % 64 == 0 else 16)
     if v % block_k:
         raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
@@ -310,10 +311,10 @@ def chunk_wgrad(
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
     dst = out if split == 1 else torch.empty((split, out.numel()), device=a.device, dtype=torch.float32)
     # square with units_m: Triton 3.6 keeps the squared A^T tile in one shared slot under async wgmma
-    # (tests/triton_sm90_compile.py's one-slot check), so that pair loads through pointers
+    # (tests/triton_sm90_compile.py's one-slot check); units_m never defaults to TMA (not wide above)
     if tma and square and units_m:
         raise ValueError("chunk_wgrad: tma=True with square=True and units_m=True is not built (one-slot A^T tile)")
-    use_tma = not (square and units_m) and tma_for(a, tma) and tma_for(b, tma)
+    use_tma = tma_for(a, tma) and tma_for(b, tma)
     a_src = TensorDescriptor.from_tensor(a, [block_k, c]) if use_tma else a
     b_src = TensorDescriptor.from_tensor(b, [block_k, block_d]) if use_tma else b
     _chunk_wgrad_kernel[(h // c, triton.cdiv(d, block_d), split)](

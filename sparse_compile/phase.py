@@ -79,9 +79,7 @@ class PhaseSchedule:
         return cls(start, max(start, total_steps - round(total_steps * final_dense)), dense_every)
 
     def phase_at(self, step: int) -> str:
-        if step < self.dense_warmup_steps:
-            return "dense"
-        if self.dense_from_step is not None and step >= self.dense_from_step:
+        if not self.in_sparse_window(step):
             return "dense"
         if self.dense_every and (step - self.dense_warmup_steps) % self.dense_every == self.dense_every - 1:
             return "dense"
