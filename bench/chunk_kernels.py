@@ -17,6 +17,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                check is the relative difference of the two (autotuned separately: tiles may differ)
   B1 + db1     B1 with its epilogue's row-tile column sums, then db1 from them, against B1 and then
                db1 from dZ~ (one more read of dZ~); the check: the two dZ~'s and db1's relative differences
+  B1 + B2      B1's epilogue also writing H~ = round(r_c^2), then B2 on it (the op's path), against B1
+               and then B2 squaring r_c on its way to the MMA; and B1 with and without the H~ write
   csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -125,9 +127,11 @@ def measure(
     rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": same,
                  "baseline": "torch (~10 launches)", "baseline ms": _ms(lambda: chunk_csr_ref(ids, c, h))})  # fmt: skip
     dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
-    # B2 and B4 as the op runs them, and through pointer tiles (tma=False) for comparison
-    wgrads = [("B2", r_c, dy, True, True, None), ("B4", dz_c, x, False, False, None)]
-    wgrads += [("B2 pointers", r_c, dy, True, True, False), ("B4 pointers", dz_c, x, False, False, False)]
+    # B2 and B4 as the op runs them (B2 on H~ = round(r_c^2), which B1's epilogue writes: h_c here),
+    # through pointer tiles (tma=False), and B2 squaring r_c on the way (its former form)
+    wgrads = [("B2", h_c, dy, False, True, None), ("B4", dz_c, x, False, False, None)]
+    wgrads += [("B2 pointers", h_c, dy, False, True, False), ("B4 pointers", dz_c, x, False, False, False)]
+    wgrads += [("B2 squaring r_c", r_c, dy, True, True, None)]
     for name, a, b, square, transpose, tma in wgrads:
         kw = dict(square=square, transpose=transpose, csr=csr, tma=tma)
         got = chunk_wgrad(a, ids, b, v, c, h, **kw)
@@ -148,7 +152,7 @@ def measure(
                  "check": f"rel {err:.1e}", "baseline": "dense dZ.sum(0)",
                  "baseline ms": _ms(lambda: dense_dz.sum(0))})  # fmt: skip
     if sweep:  # tilings of the B2 and B4 kernels (SWEEP); the check: relative error against the dense product
-        for name, a, b, square, transpose in (("B2", r_c, dy, True, True), ("B4", dz_c, x, False, False)):
+        for name, a, b, square, transpose in (("B2", h_c, dy, False, True), ("B4", dz_c, x, False, False)):
             want = vnm_scatter_ref(a * a if square else a, ids, v, h).t() @ b
             for bd, bk, w, st, sp, um, tma in SWEEP:
                 kw = dict(square=square, transpose=transpose, csr=csr, block_d=bd, block_k=bk, num_warps=w)
@@ -187,6 +191,28 @@ def measure(
     check = f"dZ~ rel {_rel(dz_a, dz_b):.1e}, db1 rel {_rel(db_a, db_b):.1e}"  # tuned apart: tiles may differ
     rows.append({**label, "kernel": "B1 + db1, sums in B1's epilogue", "ms": _ms(lambda: b1_db1(True)), "check": check,
                  "baseline": "B1, then db1 from dZ~", "baseline ms": _ms(lambda: b1_db1(False))})  # fmt: skip
+
+    # B1 + B2 as the op runs them: B1's epilogue also writes H~ = round(r_c^2), B2 reads it; against
+    # B1, then B2 squaring r_c on the way. Check: dW2's relative difference, H~ against the selection's h_c
+    def b1_b2(h_out: bool):
+        if h_out:
+            sq = torch.empty_like(r_c)
+            dz, _ = gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c, tile_sums=True, square_out=sq)
+            return sq, chunk_wgrad(sq, ids, dy, v, c, h, transpose=True, csr=csr)
+        dz, _ = gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c, tile_sums=True)
+        return None, chunk_wgrad(r_c, ids, dy, v, c, h, square=True, transpose=True, csr=csr)
+
+    (sq, dw2_a), (_, dw2_b) = b1_b2(True), b1_b2(False)
+    check = f"H~ exact {torch.equal(sq, h_c)}, dW2 rel {_rel(dw2_a, dw2_b):.1e}"
+    rows.append({**label, "kernel": "B1 + B2, H~ from B1's epilogue", "ms": _ms(lambda: b1_b2(True)), "check": check,
+                 "baseline": "B1, then B2 squaring r_c", "baseline ms": _ms(lambda: b1_b2(False))})  # fmt: skip
+    sq = torch.empty_like(r_c)
+
+    def b1(**kw):
+        return gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c, tile_sums=True, **kw)
+
+    rows.append({**label, "kernel": "B1 writing H~", "ms": _ms(lambda: b1(square_out=sq)), "check": True,
+                 "baseline": "B1", "baseline ms": _ms(b1)})  # fmt: skip
     _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
 
     def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice

@@ -12,8 +12,9 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
       db1 = scatter(dZ_c).sum(0)        from the compact dZ in one launch (compact_scatter_triton.vnm_colsum)
 With neuron chunks (``chunk`` c >= 16) the selection keeps whole chunks (chunk_select_triton.py)
 and B2, B4 run block-sparse along tokens on the compact operands (chunk_wgrad_triton.py; db1 from
-chunk_wgrad_triton.chunk_colsum over the row-tile column sums that B1's epilogue wrote): no scatter,
-no [T, h] tensor, keep-fraction x the dense work;
+chunk_wgrad_triton.chunk_colsum over the row-tile column sums that B1's epilogue wrote, B2 on the
+H~ = round(r_c^2) it wrote [T, Kc], freed before B4): no scatter, no [T, h] tensor, keep-fraction x
+the dense work;
 F2 and B1 read W2 in place (its kept columns are runs of c units): no transposed copy of W2.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
@@ -111,11 +112,13 @@ def sqrelu_ffn_backward_gather(
     (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
     With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on r_c and dZ_c."""
     _check_chunk(v, m, chunk, dense, weight_grad)
-    if chunk > 1:  # B1 also writes its row tiles' column sums: db1's first step
-        dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True)
+    if chunk > 1:  # B1 also writes its row tiles' column sums (db1's first step) and H~ = R~^2 for B2
+        h_c = torch.empty_like(r_c, memory_format=torch.contiguous_format)
+        dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
-        dw2 = chunk_wgrad(r_c, ids, dy, v, chunk, hidden, square=True, transpose=True, csr=csr)
+        dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr)
+        del h_c
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)

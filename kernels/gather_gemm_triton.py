@@ -7,6 +7,7 @@ BLOCK_M rows inside one block multiplies against one set of gathered rows of a d
   gather_n_mm  C[T, Kc] = a[T, K] @ bt[ids, :]^T          N = Kc  (B1: a = dY, bt = W2^T [h, d])
                with the dZ epilogue: C = round(C) * 2 r   (r = compact relu(Z), 0 where a row drops)
                and optionally each row tile's column sums of C in float32 (db1's first step)
+               and H~ = round(r^2) (B2's operand: the epilogue has r loaded already)
 
 FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F. Bytes: the
 gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
@@ -234,10 +235,11 @@ def _gather_k_kernel(
 
 @triton.jit
 def _gather_n_tile(
-    tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
+    tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_T: tl.constexpr, CHUNK: tl.constexpr,
-    SUMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SUMS: tl.constexpr, SQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm. B_T: bt is stored transposed (element
     (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids. SUMS:
@@ -282,6 +284,9 @@ def _gather_n_tile(
     if HAS_R:  # dZ = round(dH) * 2 relu(Z), as the reference rounds dH = dY W2 before the product
         r = tl.load(r_ptr + col0 + rm[:, None].to(tl.int64) * stride_r + cols[None, :], mask=c_ok, other=0.0)
         acc = acc.to(dtype).to(tl.float32) * (2.0 * r.to(tl.float32))
+        if SQ:  # H~ = R~^2 rounded once, as the scatter and chunk_wgrad(square=True) round it
+            sq = (r.to(tl.float32) * r.to(tl.float32)).to(dtype)
+            tl.store(sq_ptr + col0 + rm[:, None].to(tl.int64) * stride_out + cols[None, :], sq, mask=c_ok)
     val = acc.to(dtype)
     if SUMS:  # every row of the tile is in range: BLOCK_M divides V, V divides T
         s = tl.sum(val.to(tl.float32), axis=0)
@@ -292,30 +297,30 @@ def _gather_n_tile(
 
 @triton.autotune(
     configs=_configs(_TILES),
-    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "SUMS"],
+    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "SUMS", "SQ"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _gather_n_kernel(
-    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
+    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-    B_T: tl.constexpr, CHUNK: tl.constexpr, SUMS: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         tiles = tl.cdiv(T, BLOCK_M) * tl.cdiv(KC, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
             _gather_n_tile(
-                tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
+                tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
                 T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-                HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _gather_n_tile(
-            tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr,
+            tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
             T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-            HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -395,6 +400,7 @@ def gather_n_mm(
     persistent: bool | None = None,
     chunk: int = 1,
     tile_sums: bool = False,
+    square_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
@@ -404,6 +410,8 @@ def gather_n_mm(
     ``tile_sums``: also return the float32 column sums of the output over each tile of R rows,
     [T/R, Kc] (R = the tuned BLOCK_M, a divisor of V; row i sums output rows [i R, (i+1) R)), from
     the epilogue: db1's per-block sums without another read of the output.
+    ``square_out`` [T, Kc] (contiguous, a's dtype; needs r): the epilogue also writes round(r * r)
+    into it, H~ for B2, from the r it loads anyway (one more [T, Kc] write, no read).
     """
     tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
     bt_t = _check("gather_n_mm", v, "bt", chunk, **tensors)
@@ -413,6 +421,11 @@ def gather_n_mm(
         raise ValueError(
             f"gather_n_mm: shapes do not match V={v}: a {tuple(a.shape)}, bt {tuple(bt.shape)}, ids {tuple(ids.shape)}"
         )
+    if square_out is not None and (
+        r is None or square_out.shape != (t, kc) or square_out.dtype != a.dtype or not square_out.is_contiguous()
+    ):
+        got = f"{tuple(square_out.shape)} {square_out.dtype}, r {'given' if r is not None else 'None'}"
+        raise ValueError(f"gather_n_mm: square_out must be contiguous [{t}, {kc}] of {a.dtype} with r given; got {got}")
     out = torch.empty(t, kc, device=a.device, dtype=a.dtype)
     # rows for the narrowest row tile of any config; the tuned one fills the first T/BLOCK_M
     sums = torch.empty(t // _MIN_BLOCK_M, kc, device=a.device, dtype=torch.float32) if tile_sums else out
@@ -422,10 +435,11 @@ def gather_n_mm(
     _N_STORE.load(a.device)
     _gather_n_kernel[_grid(t, kc, a.device, persist)](
         a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out, sums,
+        square_out if square_out is not None else out,
         t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),
         r.stride(0) if r is not None else 0, out.stride(0),
         HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
-        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), SUMS=tile_sums,
+        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), SUMS=tile_sums, SQ=square_out is not None,
     )  # fmt: skip
     _N_STORE.save(a.device)
     if not tile_sums:

@@ -114,6 +114,27 @@ def test_gather_n_tile_sums(dtype, persistent):
     assert (want != 0).float().mean() > 0.9  # the sums are not a zero tensor that matches by accident
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gather_n_writes_the_squared_operand(dtype, persistent):
+    """square_out: B1's epilogue also writes H~ = round(r_c^2), B2's operand, bit-equal to the
+    squared scatter's values (the compact h_c of the selection), without changing dZ~ or the tile
+    sums (Kc = 36: the last column tile partly masked; the buffer poisoned first)."""
+    h_c, r_c, ids, g = _compact(32, 2, 8, 3, 9, dtype, seed=23)
+    a = torch.randn(96, 40, generator=g).to(DEVICE, dtype)
+    bt = torch.randn(72, 40, generator=g).to(DEVICE, dtype)
+    sq = torch.full_like(r_c, float("nan"))
+    out, sums = gather_n_mm(a, bt, ids, 32, r_c, persistent=persistent, tile_sums=True, square_out=sq)
+    assert torch.equal(sq, (r_c.float() * r_c.float()).to(dtype)) and torch.equal(sq, h_c)
+    assert (sq != 0).float().mean() > 0.3
+    want, want_sums = gather_n_mm(a, bt, ids, 32, r_c, persistent=persistent, tile_sums=True)
+    assert torch.equal(out, want) and torch.equal(sums, want_sums)
+    with pytest.raises(ValueError, match=r"square_out must be .* with r given; got \(96, 36\) .* r None"):
+        gather_n_mm(a, bt, ids, 32, None, square_out=sq)
+    with pytest.raises(ValueError, match=r"square_out must be contiguous \[96, 36\].*got \(96, 35\)"):
+        gather_n_mm(a, bt, ids, 32, r_c, square_out=sq[:, :35])
+
+
 def test_gather_k_64bit_row_offsets(monkeypatch):
     """The 64-bit address path, taken when b's offsets do not fit in int32 (here forced)."""
     monkeypatch.setattr(gather_gemm_triton, "_i32_rows", lambda b: False)

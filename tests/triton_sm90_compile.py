@@ -148,13 +148,15 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 types["out_ptr"] = "*bf16"
                 label = f"gather_k{suffix} {cfg.kwargs}"
                 cases.append((label, gemm._gather_k_kernel.fn, _sig(names, ce, types), ce, launch_k))
-            # the chunk path's B1 also writes its row tiles' column sums (db1's first step)
-            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t, **chunk)
-            names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr sums_ptr T KC K V stride_a stride_bt stride_ids "
-            names += "stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK SUMS BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+            # the chunk path's B1 also writes its row tiles' column sums (db1's first step) and H~ for B2
+            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t, SQ=b_t)
+            ce |= chunk
+            names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr sums_ptr sq_ptr T KC K V stride_a stride_bt stride_ids "
+            names += "stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK SUMS SQ BLOCK_M BLOCK_N BLOCK_K "
+            names += "GROUP_M"
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
-            types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32"}
-            label = f"gather_n{suffix}{' sums' if b_t else ''} {cfg.kwargs}"
+            types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32", "sq_ptr": "*bf16"}
+            label = f"gather_n{suffix}{' sums H~' if b_t else ''} {cfg.kwargs}"
             cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce, launch))
     # N = 2 ranks the kept chunks' entries; N = 4 keeps them all (the causal 128:4:16 and 128:4:8 of bench.e2e)
     selects = [(16, 32, 2, False), (8, 64, 2, False), (16, 16, 2, False), (16, 64, 4, True), (8, 64, 4, True)]

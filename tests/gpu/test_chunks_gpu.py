@@ -153,6 +153,13 @@ def test_b1_tile_sums_give_db1_at_full_size(persistent):
     assert _rel(sums, dz.float().view(-1, rows, dz.shape[1]).sum(1)) < 1e-5
     db1 = chunk_colsum(dz, ids, 128, c, h, tile_sums=sums)
     assert _rel(db1, vnm_scatter_ref(dz, ids, 128, h).float().sum(0)) < 5e-3
+    # and H~ = round(r_c^2) for B2, bit-exact, dZ~ as without it (the op's call: sums and H~ together)
+    sq = torch.full_like(r_c, float("nan"))
+    dz_sq, sums_sq = gather_n_mm(
+        dy, w2.t(), ids, 128, r_c, persistent=persistent, chunk=c, tile_sums=True, square_out=sq
+    )
+    assert torch.equal(sq, (r_c.float() * r_c.float()).bfloat16())
+    assert _rel(dz_sq, dz) < 5e-3 and _rel(sums_sq, sums) < 5e-3  # tuned apart: tiles may differ
 
 
 @pytest.mark.parametrize("chunk", [32, 64])
