@@ -293,7 +293,8 @@ def chunk_wgrad(
     # through pointers, 1.834 ms at (16384, 4096, 16384) against 2.001 for 128 / 4 warps, 0.462 vs 0.497
     # ms at (16384, 2048, 8192); through TMA no faster (0.778-0.843 against 0.784-0.863 at 128:4:8):
     # the kernel is L2-bound there. c = 128: a [128, 128] tile, 4 warps, 4 stages, TMA: B4 0.606 ms
-    # against 0.808 for the 256 tile through pointers at 128:4:8, B2 0.858 against 0.961
+    # against 0.808 for the 256 tile through pointers at 128:4:8, B2 0.858 against 0.961 squaring R~
+    # here, 0.603 on the H~ that B1's epilogue writes (square=False: no registers between load and MMA)
     cuda = a.device.type == "cuda"
     wide = c >= 128 and cuda and not units_m
     block_d = block_d or (32 if not cuda else 128 if wide else 256)

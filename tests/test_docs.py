@@ -73,7 +73,7 @@ def test_default_speedups_are_the_measured_csvs():
 
     res = ROOT / "bench" / "results"
     config = '{"activations": "128:4:8", "causal": true, "chunk": 64}'  # the default's options, spelled out
-    files = {"1.3B, H100": ("h100_e2e_1.3b_default_df578b3_e2e.csv", "default"),
+    files = {"1.3B, H100": ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
              "2.7B, H200": ("h200_e2e_3b_128-4-8-causal-chunk64_a17ca38_e2e.csv", config)}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, label) in files.items():
@@ -90,11 +90,16 @@ def test_speed_quality_table_is_the_measured_csvs():
     res = ROOT / "bench" / "results"
     causal = '{"activations": "128:4:16", "causal": true}'
     default = '{"activations": "128:4:8", "causal": true, "chunk": 64}'
+    default128 = '{"activations": "128:4:8", "causal": true, "chunk": 128}'
     chunk64 = '{"activations": "128:4:16", "causal": true, "chunk": 64}'
     sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
         (f"default (`{default}`)", "10% / 25%"): (
-            ("h100_e2e_1.3b_default_df578b3_e2e.csv", "default"),
+            ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
             "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_5e0c722.csv",
+        ),
+        (f"`{default128}`", "10% / 25%"): (
+            ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", default128),
+            "h100_125m_2400steps_seeds_128-4-8-causal-chunk128_2f6f009.csv",
         ),
         ("venom (former default)", "10% / 25%"): (
             ("h100_e2e_1.3b_b4e25c8.csv", "default"),
