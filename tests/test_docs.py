@@ -72,9 +72,8 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    config = '{"activations": "128:4:8", "causal": true, "chunk": 64}'  # the default's options, spelled out
     files = {"1.3B, H100": ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
-             "2.7B, H200": ("h200_e2e_3b_128-4-8-causal-chunk64_a17ca38_e2e.csv", config)}  # fmt: skip
+             "2.7B, H200": ("h200_e2e_3b_h-from-b1_f3d3b5c_e2e.csv", "default")}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, label) in files.items():
         row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == label)
@@ -140,6 +139,10 @@ def test_speed_quality_table_is_the_measured_csvs():
     sources[(f"`{causal}`", "10% / 50%")] = (
         ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
         "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.5_86e0e93.csv",
+    )
+    sources[(f"`{chunk64}`", "10% / 50%")] = (
+        ("h100_e2e_1.3b_default_df578b3_e2e.csv", chunk64),
+        "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_final-dense-0.5_f3d3b5c.csv",
     )
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
     table = _table_after(README, header)[2:]
