@@ -11,8 +11,11 @@ then:
 - dense spread: (max - min) / mean of the dense final validation losses (the seed-to-seed noise);
 - the mean paired difference and its standard error (std / sqrt(n));
 - the mean of the sparse-phase kept mass.
+With --dense-only the folders need only a dense run: the dense final losses, their spread and
+their standard deviation over the mean (the noise band without any sparse arm).
 
     python -m bench.seeds runs/s0 runs/s1 runs/s2 [--sparse-from runs/c0 runs/c1 runs/c2] [--csv F]
+    python -m bench.seeds --dense-only runs/s0 runs/s1 runs/s2 runs/d3 runs/d4 runs/d5
 """
 
 import argparse
@@ -75,6 +78,29 @@ def load(folder: Path, sparse_from: Path | None = None) -> SeedRun:
     return SeedRun(name, final["dense"], final["sparse"], statistics.fmean(kept) if kept else math.nan, lead)
 
 
+def dense_finals(folders: list[Path]) -> list[float]:
+    """The dense run's final validation loss of each folder."""
+    finals = []
+    for folder in folders:
+        final = _final(folder)[0]
+        if math.isnan(final.get("dense", math.nan)):
+            raise ValueError(f"{folder / 'log.csv'}: no validation loss for the dense run")
+        finals.append(final["dense"])
+    return finals
+
+
+def dense_table(folders: list[Path]) -> str:
+    """Each folder's dense final loss, then (max - min) / mean and (sample std) / mean."""
+    finals = dense_finals(folders)
+    mean = statistics.fmean(finals)
+    rows = [[f.name, f"{x:.4f}"] for f, x in zip(folders, finals, strict=True)]
+    rows.append([f"mean of {len(finals)}", f"{mean:.4f}"])
+    text = tabulate(rows, headers=["seed", "dense val"], tablefmt="github", disable_numparse=True)
+    spread = (max(finals) - min(finals)) / mean
+    std = statistics.stdev(finals) / mean if len(finals) > 1 else math.nan
+    return f"{text}\n\ndense seed-to-seed spread (max - min) / mean: {spread:.2%}; std / mean: {std:.2%}"
+
+
 def summarize(runs: list[SeedRun]) -> dict[str, float]:
     """dense_spread: (max - min) / mean of dense; diff_mean, diff_se: the paired difference's mean and
     standard error (nan for one seed); kept_mean."""
@@ -131,7 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folders", nargs="+", type=Path, help="bench.train --out folders, one per seed")
     p.add_argument("--sparse-from", nargs="+", type=Path, help="folders of the sparse runs, one per dense folder")
     p.add_argument("--csv", type=Path, help="also write the per-seed rows and the summary here")
+    p.add_argument("--dense-only", action="store_true", help="only the dense runs' finals and their spread")
     args = p.parse_args(argv)
+    if args.dense_only:
+        if args.sparse_from or args.csv:
+            p.error("--dense-only takes neither --sparse-from nor --csv")
+        try:
+            print(dense_table(args.folders))
+        except ValueError as e:
+            print(f"python -m bench.seeds: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.sparse_from and len(args.sparse_from) != len(args.folders):
         p.error(f"--sparse-from: {len(args.sparse_from)} folders for {len(args.folders)} dense folders (need one each)")
     try:

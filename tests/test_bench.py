@@ -369,7 +369,7 @@ def _log(folder, rows):
         w.writerows(rows)
 
 
-def test_seeds_pairs_runs_and_reports_the_spread(tmp_path):
+def test_seeds_pairs_runs_and_reports_the_spread(tmp_path, capsys):
     from bench.seeds import load, main, summarize
 
     for name, dense, sparse, kept in (("s0", 1.00, 1.02, (0.6, 0.8)), ("s1", 1.01, 1.00, (0.7, 0.7))):
@@ -394,6 +394,13 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path):
     assert (swapped.dense, swapped.sparse) == (1.00, 1.00)
     _log(tmp_path / "dense_only", [{"run": "dense", "step": 1, "phase": "dense", "val_loss": 1.0}])
     assert main([str(tmp_path / "dense_only")]) == 2
+    # --dense-only: the dense finals' spread and std over the mean, sparse runs not needed
+    assert main(["--dense-only", str(tmp_path / "s0"), str(tmp_path / "s1"), str(tmp_path / "dense_only")]) == 0
+    out = capsys.readouterr().out
+    assert "spread (max - min) / mean: 1.00%" in out and "std / mean: 0.58%" in out  # finals 1.00, 1.01, 1.00
+    _log(tmp_path / "sparse_only", [{"run": "sparse", "step": 1, "phase": "sparse", "val_loss": 1.0}])
+    assert main(["--dense-only", str(tmp_path / "sparse_only")]) == 2
+    assert "no validation loss for the dense run" in capsys.readouterr().err
     assert main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--csv", str(tmp_path / "seeds.csv")]) == 0
     assert "summary" in (tmp_path / "seeds.csv").read_text()
 
