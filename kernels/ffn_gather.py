@@ -110,7 +110,8 @@ def sqrelu_ffn_backward_gather(
 
     With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation: on the gather-K GEMM
     (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
-    With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on r_c and dZ_c."""
+    With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on H~ = round(r_c^2)
+    (written by B1's epilogue) and dZ_c."""
     _check_chunk(v, m, chunk, dense, weight_grad)
     if chunk > 1:  # B1 also writes its row tiles' column sums (db1's first step) and H~ = R~^2 for B2
         h_c = torch.empty_like(r_c, memory_format=torch.contiguous_format)
