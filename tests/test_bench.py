@@ -505,3 +505,16 @@ def test_op_host_time_refuses_without_a_gpu(capsys):
         op_host_time.main(["--calls", "2"])
     assert exit_info.value.code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_wide_125m_size_takes_chunks_of_128_at_keep_one_quarter():
+    """125m-d1024: as many parameters as 125m (within 2%), FFN hidden 4096, which the chunk path
+    takes at 128:4:16 in chunks of 128 (M * c = 2048 divides h); 125m's 3072 is not a multiple."""
+    from bench.model import GPT, SIZES
+
+    with torch.device("meta"):
+        wide, base = GPT(SIZES["125m-d1024"]), GPT(SIZES["125m"])
+    assert abs(wide.num_params() / base.num_params() - 1) < 0.02
+    hidden = wide.blocks[0].mlp.c_fc.out_features
+    # passes/legality.py's rule for chunks: hidden % (M * chunk) == 0
+    assert hidden == 4096 and hidden % (16 * 128) == 0 and base.blocks[0].mlp.c_fc.out_features % (16 * 128)
