@@ -64,6 +64,13 @@ def _final(folder: Path) -> tuple[dict[str, float], list[float], float]:
     return final, kept, lead
 
 
+def _require(final: dict[str, float], run: str, folder: Path) -> float:
+    """``run``'s final validation loss from ``_final``'s map, or a ValueError naming the log."""
+    if math.isnan(final.get(run, math.nan)):
+        raise ValueError(f"{folder / 'log.csv'}: no validation loss for the {run} run")
+    return final[run]
+
+
 def load(folder: Path, sparse_from: Path | None = None) -> SeedRun:
     """The final validation losses and sparse-phase kept mass of one seed: the dense run from
     ``folder``, the sparse run from ``sparse_from`` (default: the same folder)."""
@@ -72,21 +79,14 @@ def load(folder: Path, sparse_from: Path | None = None) -> SeedRun:
         other, kept, lead = _final(sparse_from)
         final["sparse"] = other.get("sparse", math.nan)
     for run, where in (("dense", folder), ("sparse", sparse_from or folder)):
-        if math.isnan(final.get(run, math.nan)):
-            raise ValueError(f"{where / 'log.csv'}: no validation loss for the {run} run")
+        _require(final, run, where)
     name = folder.name if sparse_from is None else f"{folder.name} / {sparse_from.name}"
     return SeedRun(name, final["dense"], final["sparse"], statistics.fmean(kept) if kept else math.nan, lead)
 
 
 def dense_finals(folders: list[Path]) -> list[float]:
     """The dense run's final validation loss of each folder."""
-    finals = []
-    for folder in folders:
-        final = _final(folder)[0]
-        if math.isnan(final.get("dense", math.nan)):
-            raise ValueError(f"{folder / 'log.csv'}: no validation loss for the dense run")
-        finals.append(final["dense"])
-    return finals
+    return [_require(_final(folder)[0], "dense", folder) for folder in folders]
 
 
 def dense_table(folders: list[Path]) -> str:
