@@ -13,9 +13,12 @@ then:
 - the mean of the sparse-phase kept mass.
 With --dense-only the folders need only a dense run: the dense final losses, their spread and
 their standard deviation over the mean (the noise band without any sparse arm).
+With --merge the seeds come from the CSVs this command (or bench.sweep) wrote instead, their
+per-seed rows pooled into one table: more pairs of one configuration, measured in several sweeps.
 
     python -m bench.seeds runs/s0 runs/s1 runs/s2 [--sparse-from runs/c0 runs/c1 runs/c2] [--csv F]
     python -m bench.seeds --dense-only runs/s0 runs/s1 runs/s2 runs/d3 runs/d4 runs/d5
+    python -m bench.seeds --merge seeds_0-2.csv seeds_3-5.csv [--csv F]
 """
 
 import argparse
@@ -151,14 +154,43 @@ def table(runs: list[SeedRun]) -> str:
     return f"{text}\n\ndense seed-to-seed spread (max - min) / mean: {s['dense_spread']:.2%}"
 
 
+def read(path: Path) -> list[SeedRun]:
+    """The per-seed rows of a CSV that ``write`` wrote (its summary row left out)."""
+    with open(path) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("seed") != "summary"]
+    try:
+        runs = [SeedRun(r["seed"], float(r["dense"]), float(r["sparse"]), float(r["kept"]), float(r["lead"] or "nan"))
+                for r in rows]  # fmt: skip
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a bench.seeds CSV (columns seed, dense, sparse, kept, lead): {e!r}") from None
+    if not runs:
+        raise ValueError(f"{path}: no per-seed rows")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.seeds", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("folders", nargs="+", type=Path, help="bench.train --out folders, one per seed")
+    p.add_argument("folders", nargs="*", type=Path, help="bench.train --out folders, one per seed")
     p.add_argument("--sparse-from", nargs="+", type=Path, help="folders of the sparse runs, one per dense folder")
     p.add_argument("--csv", type=Path, help="also write the per-seed rows and the summary here")
     p.add_argument("--dense-only", action="store_true", help="only the dense runs' finals and their spread")
+    p.add_argument("--merge", nargs="+", type=Path, help="bench.seeds CSVs whose per-seed rows form one table")
     args = p.parse_args(argv)
+    if args.merge:
+        if args.folders or args.sparse_from or args.dense_only:
+            p.error("--merge takes no folders, --sparse-from or --dense-only")
+        try:
+            runs = [run for path in args.merge for run in read(path)]
+        except (OSError, ValueError) as e:
+            print(f"python -m bench.seeds: error: {e}", file=sys.stderr)
+            return 2
+        print(table(runs))
+        if args.csv:
+            write(args.csv, runs)
+        return 0
+    if not args.folders:
+        p.error("expected bench.train --out folders (or --merge CSVs)")
     if args.dense_only:
         if args.sparse_from or args.csv:
             p.error("--dense-only takes neither --sparse-from nor --csv")

@@ -2,6 +2,7 @@
 
 import csv
 import math
+import statistics
 import subprocess
 import sys
 
@@ -403,6 +404,23 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path, capsys):
     assert "no validation loss for the dense run" in capsys.readouterr().err
     assert main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--csv", str(tmp_path / "seeds.csv")]) == 0
     assert "summary" in (tmp_path / "seeds.csv").read_text()
+    # --merge: the per-seed rows of two CSVs (summary rows left out) pooled into one table
+    assert main([str(tmp_path / "s1"), "--csv", str(tmp_path / "more.csv")]) == 0
+    capsys.readouterr()
+    assert main(["--merge", str(tmp_path / "seeds.csv"), str(tmp_path / "more.csv"),
+                 "--csv", str(tmp_path / "merged.csv")]) == 0  # fmt: skip
+    assert "mean of 3" in capsys.readouterr().out
+    merged = list(csv.DictReader(open(tmp_path / "merged.csv")))
+    diffs = [0.02, -0.01 / 1.01, -0.01 / 1.01]
+    assert [r["seed"] for r in merged] == ["s0", "s1", "s1", "summary"]
+    assert float(merged[-1]["diff_mean"]) == pytest.approx(sum(diffs) / 3)
+    assert float(merged[-1]["diff_se"]) == pytest.approx(statistics.stdev(diffs) / math.sqrt(3))
+    assert float(merged[-1]["kept_mean"]) == pytest.approx(0.7)
+    (tmp_path / "bad.csv").write_text("seed,dense\ns0,1.0\n")
+    assert main(["--merge", str(tmp_path / "bad.csv")]) == 2
+    assert "bad.csv: not a bench.seeds CSV" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "s0"), "--merge", str(tmp_path / "seeds.csv")])  # folders and --merge: refused
 
 
 @pytest.mark.parametrize("names", [("sparse",), ("dense", "sparse")])
