@@ -10,7 +10,10 @@ sparse model over itself with dense FFNs at the last evaluation of the sparse ph
 then:
 - dense spread: (max - min) / mean of the dense final validation losses (the seed-to-seed noise);
 - the mean paired difference and its standard error (std / sqrt(n));
-- the mean of the sparse-phase kept mass.
+- the mean of the sparse-phase kept mass;
+- from three seeds up, the correlation of a seed's dense and sparse finals and the unpaired
+  difference of the means with its standard error: pairing narrows the band only where a seed's
+  luck carries over to both of its runs (positive correlation).
 With --dense-only the folders need only a dense run: the dense final losses, their spread and
 their standard deviation over the mean (the noise band without any sparse arm).
 With --merge the seeds come from the CSVs this command (or bench.sweep) wrote instead, their
@@ -151,7 +154,31 @@ def table(runs: list[SeedRun]) -> str:
         tablefmt="github",
         disable_numparse=True,
     )
-    return f"{text}\n\ndense seed-to-seed spread (max - min) / mean: {s['dense_spread']:.2%}"
+    lines = [f"{text}\n", f"dense seed-to-seed spread (max - min) / mean: {s['dense_spread']:.2%}"]
+    corr = correlation(runs)
+    if not math.isnan(corr):
+        lines.append(
+            f"correlation of a seed's dense and sparse finals: {corr:+.2f} (pairing narrows the band only "
+            f"when it is positive; unpaired, the difference of the means is {unpaired(runs)})"
+        )
+    return "\n".join(lines)
+
+
+def correlation(runs: list[SeedRun]) -> float:
+    """Pearson correlation of the dense and sparse final losses over seeds (nan under 3 seeds or
+    with a constant arm)."""
+    dense, sparse = [r.dense for r in runs], [r.sparse for r in runs]
+    if len(runs) < 3 or statistics.pvariance(dense) == 0 or statistics.pvariance(sparse) == 0:
+        return math.nan
+    return statistics.correlation(dense, sparse)
+
+
+def unpaired(runs: list[SeedRun]) -> str:
+    """(mean sparse - mean dense) / mean dense with the standard error of two independent means."""
+    dense, sparse = [r.dense for r in runs], [r.sparse for r in runs]
+    md, ms, n = statistics.fmean(dense), statistics.fmean(sparse), len(runs)
+    se = math.sqrt(statistics.variance(dense) / n + statistics.variance(sparse) / n) / md
+    return f"{(ms - md) / md:+.2%} ± {se:.2%}"
 
 
 def read(path: Path) -> list[SeedRun]:

@@ -409,7 +409,12 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--merge", str(tmp_path / "seeds.csv"), str(tmp_path / "more.csv"),
                  "--csv", str(tmp_path / "merged.csv")]) == 0  # fmt: skip
-    assert "mean of 3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mean of 3" in out
+    # finals dense 1.00, 1.01, 1.01 and sparse 1.02, 1.00, 1.00: perfectly anti-correlated; the
+    # unpaired s.e. sqrt((var_d + var_s) / 3) / mean_d = sqrt((1/3 + 4/3) 1e-4 / 3) / (3.02 / 3) = 0.74%
+    assert "correlation of a seed's dense and sparse finals: -1.00" in out
+    assert "the difference of the means is +0.00% ± 0.74%" in out
     merged = list(csv.DictReader(open(tmp_path / "merged.csv")))
     diffs = [0.02, -0.01 / 1.01, -0.01 / 1.01]
     assert [r["seed"] for r in merged] == ["s0", "s1", "s1", "summary"]

@@ -19,21 +19,21 @@ def _table_after(text: str, header_start: str) -> list[str]:
 def test_main_job_table_is_quoted_verbatim():
     header = "| seed | dense val | sparse val |"
     quoted = _table_after(README, header)
-    assert len(quoted) == 6
+    assert len(quoted) == 9
     assert quoted == _table_after(RESULTS, header)
 
 
 def test_main_job_table_is_the_measured_csv():
     import csv
 
-    path = ROOT / "bench" / "results" / "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_5e0c722.csv"
+    path = ROOT / "bench" / "results" / "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_6pairs_5e0c722-4aa3935.csv"
     rows = list(csv.DictReader(open(path)))
     table = _table_after(RESULTS, "| seed | dense val | sparse val |")[2:]
-    for line, row in zip(table[:3], rows[:3], strict=True):
+    for line, row in zip(table[:6], rows[:6], strict=True):
         cells = _cells(line)
         assert cells[1:4] == [f"{float(row['dense']):.4f}", f"{float(row['sparse']):.4f}", f"{float(row['diff']):+.2%}"]
-    mean = _cells(table[3])
-    summary = rows[3]
+    mean = _cells(table[6])
+    summary = rows[6]
     assert mean[3] == f"{float(summary['diff_mean']):+.2%} ± {float(summary['diff_se']):.2%}"
     assert f"dense seed-to-seed spread {float(summary['dense_spread']):.2%}" in RESULTS
 
