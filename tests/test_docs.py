@@ -94,7 +94,7 @@ def test_speed_quality_table_is_the_measured_csvs():
     sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
         (f"default (`{default}`)", "10% / 25%"): (
             ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
-            "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_5e0c722.csv",
+            "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_6pairs_5e0c722-4aa3935.csv",
         ),
         (f"`{default128}`", "10% / 25%"): (
             ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", default128),
@@ -143,6 +143,20 @@ def test_speed_quality_table_is_the_measured_csvs():
     sources[(f"`{chunk64}`", "10% / 50%")] = (
         ("h100_e2e_1.3b_default_df578b3_e2e.csv", chunk64),
         "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_final-dense-0.5_f3d3b5c.csv",
+    )
+    chunk128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'
+    d1024 = "model 125m-d1024"  # the 126M model with h = 4096 (h % 2048 == 0 for chunks of 128)
+    sources[(f"`{default}`", f"10% / 25%, {d1024}")] = (
+        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
+        "h100_125m-d1024_2400steps_seeds_128-4-8-causal-chunk64_1eb8bb5.csv",
+    )
+    sources[(f"`{chunk128}`", f"10% / 25%, {d1024}")] = (
+        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", chunk128),
+        "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_4aa3935.csv",
+    )
+    sources[(f"`{chunk128}`", f"10% / 50%, {d1024}")] = (
+        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", chunk128),
+        "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_final-dense-0.5_5pairs_4aa3935-1eb8bb5.csv",
     )
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
     table = _table_after(README, header)[2:]
