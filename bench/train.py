@@ -184,8 +184,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.final_eval_iters = max(args.eval_iters, args.final_eval_iters or (64 if gpu else 16))
     if args.seq_len > SIZES[args.size].block_size:
         p.error(f"--seq-len {args.seq_len} > block size {SIZES[args.size].block_size} of --size {args.size}")
-    if args.warmup_frac + args.final_dense_frac > 1.0:
-        p.error(f"--warmup-frac + --final-dense-frac = {args.warmup_frac + args.final_dense_frac} > 1")
+    try:  # the schedule's own rules (fractions in [0, 1] summing to <= 1, dense_every 0 or >= 2)
+        sparse_compile.PhaseSchedule.from_fractions(
+            args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every
+        )
+    except ValueError as e:
+        flags = f"--warmup-frac {args.warmup_frac}, --final-dense-frac {args.final_dense_frac}, --dense-every"
+        p.error(f"{flags} {args.dense_every}: {e}")
     if not args.lr > 0:
         p.error(f"--lr {args.lr}: expected > 0")
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
@@ -211,8 +216,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.config = BackendOptions.parse(options).config
     except ValueError as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
-    if args.dense_every < 0 or args.dense_every == 1:
-        p.error(f"--dense-every {args.dense_every}: expected 0 (never) or an int >= 2")
     if args.recluster_every < 0 or (args.recluster_every and not args.config.permute):
         p.error(f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true in --sparsity')
     if args.compile_mode != "default":

@@ -147,7 +147,8 @@ def test_train_smoke_on_cpu(tmp_path):
         (["--seq-len", "4096"], "> block size"),
         (["--runs", "dense,fast"], "--runs"),
         (["--time-limit", "0"], "expected seconds > 0"),
-        (["--dense-every", "1"], "--dense-every 1: expected 0 (never) or an int >= 2"),
+        (["--dense-every", "1"], "--dense-every 1: PhaseSchedule.dense_every=1: expected 0 (never) or an int >= 2"),
+        (["--final-dense-frac", "-0.1"], "--final-dense-frac: '-0.1': expected a fraction in [0, 1]"),
     ],
 )
 def test_bad_arguments_exit_non_zero(args, message, capsys):
