@@ -204,34 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-only", action="store_true", help="only the dense runs' finals and their spread")
     p.add_argument("--merge", nargs="+", type=Path, help="bench.seeds CSVs whose per-seed rows form one table")
     args = p.parse_args(argv)
-    if args.merge:
-        if args.folders or args.sparse_from or args.dense_only:
-            p.error("--merge takes no folders, --sparse-from or --dense-only")
-        try:
-            runs = [run for path in args.merge for run in read(path)]
-        except (OSError, ValueError) as e:
-            print(f"python -m bench.seeds: error: {e}", file=sys.stderr)
-            return 2
-        print(table(runs))
-        if args.csv:
-            write(args.csv, runs)
-        return 0
-    if not args.folders:
+    if args.merge and (args.folders or args.sparse_from or args.dense_only):
+        p.error("--merge takes no folders, --sparse-from or --dense-only")
+    if not args.merge and not args.folders:
         p.error("expected bench.train --out folders (or --merge CSVs)")
-    if args.dense_only:
-        if args.sparse_from or args.csv:
-            p.error("--dense-only takes neither --sparse-from nor --csv")
-        try:
-            print(dense_table(args.folders))
-        except ValueError as e:
-            print(f"python -m bench.seeds: error: {e}", file=sys.stderr)
-            return 2
-        return 0
+    if args.dense_only and (args.sparse_from or args.csv):
+        p.error("--dense-only takes neither --sparse-from nor --csv")
     if args.sparse_from and len(args.sparse_from) != len(args.folders):
         p.error(f"--sparse-from: {len(args.sparse_from)} folders for {len(args.folders)} dense folders (need one each)")
     try:
-        runs = [load(f, s) for f, s in zip(args.folders, args.sparse_from or [None] * len(args.folders), strict=True)]
-    except ValueError as e:
+        if args.dense_only:
+            print(dense_table(args.folders))
+            return 0
+        if args.merge:
+            runs = [run for path in args.merge for run in read(path)]
+        else:
+            sparse_from = args.sparse_from or [None] * len(args.folders)
+            runs = [load(f, s) for f, s in zip(args.folders, sparse_from, strict=True)]
+    except (OSError, ValueError) as e:
         print(f"python -m bench.seeds: error: {e}", file=sys.stderr)
         return 2
     print(table(runs))
