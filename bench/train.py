@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.seq_len > SIZES[args.size].block_size:
         p.error(f"--seq-len {args.seq_len} > block size {SIZES[args.size].block_size} of --size {args.size}")
     try:  # the schedule's own rules (fractions in [0, 1] summing to <= 1, dense_every 0 or >= 2)
-        sparse_compile.PhaseSchedule.from_fractions(
+        args.schedule = sparse_compile.PhaseSchedule.from_fractions(
             args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every
         )
     except ValueError as e:
@@ -553,9 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.distributed.barrier()
     if not d.main:
         corpus = Corpus.load(args.data_dir, source=args.corpus)
-    schedule = sparse_compile.PhaseSchedule.from_fractions(
-        args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every
-    )
+    schedule = args.schedule  # built and checked by parse_args
     # The same validation windows for every seed, so that runs of different seeds compare.
     val = Batches(corpus.val, args.batch_size, args.seq_len, VAL_SEED, d.rank, d.world)
     val_batches = [val.next(args.device) for _ in range(args.final_eval_iters)]
