@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=_positive, help="sequences per step (default: 8 CPU, 16 CUDA)")
     p.add_argument("--seq-len", type=_positive, help="tokens (bytes) per sequence (default: the model's block size)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 2e-3 CPU, 1e-3 CUDA)")
+    p.add_argument(
+        "--lr-warmup-frac",
+        type=_fraction,
+        default=0.05,
+        help="learning-rate warm-up: linear from 0 over this fraction of the steps, then cosine to 0.1 x peak",
+    )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
     p.add_argument("--warmup-frac", type=_fraction, default=0.1, help="dense warm-up: first fraction of steps")
     p.add_argument("--final-dense-frac", type=_fraction, default=0.25, help="dense recovery: last fraction of steps")
@@ -292,8 +298,12 @@ class Health:
         return {"h_zero_frac": zeros, "h_kept_frac": kept, "weight_flip_rate": flips}
 
 
+def _lr_warmup_steps(args: argparse.Namespace) -> int:
+    return max(1, int(args.steps * args.lr_warmup_frac + 1e-9))  # 2400 x 0.05 = 120 steps
+
+
 def _lr(step: int, args: argparse.Namespace) -> float:
-    warm = max(1, args.steps // 20)
+    warm = _lr_warmup_steps(args)
     if step < warm:
         return args.lr * (step + 1) / warm
     progress = (step - warm) / max(1, args.steps - warm)
@@ -307,9 +317,9 @@ def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
 
 VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and the batch order)
 CHECKED_ARGS = (
-    "size", "steps", "batch_size", "seq_len", "lr", "weight_decay", "warmup_frac", "final_dense_frac", "sparsity",
-    "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed", "compile_mode",
-    "device", "corpus", "recluster_every", "deterministic", "dense_every",
+    "size", "steps", "batch_size", "seq_len", "lr", "lr_warmup_frac", "weight_decay", "warmup_frac", "final_dense_frac",
+    "sparsity", "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed",
+    "compile_mode", "device", "corpus", "recluster_every", "deterministic", "dense_every",
 )  # fmt: skip
 
 
@@ -561,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "
         f"{args.batch_size}x{args.seq_len} tokens"
         + (f" per rank x {d.world} ranks ({d.mode})" if d.world > 1 else "")
+        + f"; peak lr {args.lr:g}, warm-up {_lr_warmup_steps(args)} steps, cosine to 0.1x"
         + f"; corpus {corpus.n_files} files of {corpus.source} "
         f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
         f"sparse: {args.config}; schedule: dense steps [0, {schedule.dense_warmup_steps}), sparse "
