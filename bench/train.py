@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench.train", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda'")
-    p.add_argument("--size", choices=sorted(SIZES), help="model size (default: tiny on CPU, 125m on CUDA)")
+    p.add_argument("--size", choices=sorted(SIZES), help="model size (default: tiny on CPU, 125m-d1024 on CUDA)")
     p.add_argument("--steps", type=_positive, help="training steps per run (default: 150 CPU, 2400 CUDA)")
     p.add_argument("--batch-size", type=_positive, help="sequences per step (default: 8 CPU, 16 CUDA)")
     p.add_argument("--seq-len", type=_positive, help="tokens (bytes) per sequence (default: the model's block size)")
@@ -80,12 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lr-warmup-frac",
         type=_fraction,
-        default=0.05,
-        help="learning-rate warm-up: linear from 0 over this fraction of the steps, then cosine to 0.1 x peak",
+        default=0.5,
+        help="learning-rate warm-up: linear from 0 over this fraction of the steps, then cosine to 0.1 x peak "
+        "(default 0.5: five dense CUDA seeds end at 0.673, std 0.6%% of the mean; with 0.05 at 0.864, std 1.6%%)",
     )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
     p.add_argument("--warmup-frac", type=_fraction, default=0.1, help="dense warm-up: first fraction of steps")
-    p.add_argument("--final-dense-frac", type=_fraction, default=0.25, help="dense recovery: last fraction of steps")
+    p.add_argument("--final-dense-frac", type=_fraction, default=0.5, help="dense recovery: last fraction of steps")
     p.add_argument(
         "--sparsity",
         default=DEFAULT_PRESET,
@@ -179,7 +180,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     gpu = args.device == "cuda"
-    args.size = args.size or ("125m" if gpu else "tiny")
+    args.size = args.size or ("125m-d1024" if gpu else "tiny")
     args.steps = args.steps or (2400 if gpu else 150)  # CUDA: 39M tokens, 0.4-0.6 of an epoch of packages
     args.batch_size = args.batch_size or (16 if gpu else 8)
     args.seq_len = args.seq_len or SIZES[args.size].block_size

@@ -17,7 +17,7 @@ from torch.fx import Node
 from sparse_compile.config import SparsityConfig
 from sparse_compile.dispatch import plan_kernels
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
-from sparse_compile.passes.legality import compute_dtype, example_value, illegal_reason, site_note
+from sparse_compile.passes.legality import compute_dtype, example_value, fit_chunk, illegal_reason, site_note
 from sparse_compile.passes.rewrite_ffn import rewrite_site
 from sparse_compile.passes.size_rule import small_site_reason
 
@@ -38,6 +38,7 @@ class SiteRecord:
     reason: str
     kernel: str = "dense (Inductor)"
     work: float = math.inf  # T x d x h (inf where a dim is symbolic or unknown)
+    chunk: int = 0  # the neuron chunk a sparse site runs with (legality.fit_chunk), 0: the config's
 
 
 def _clean_path(path: str) -> str:
@@ -109,26 +110,28 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
             match, **{k: replaced.get(getattr(match, k), getattr(match, k)) for k in ("x", "w1", "b1", "w2", "b2")}
         )
         described = _describe(match.first, match.second, False, "")
-        reason = illegal_reason(match, config)
-        if reason is None and config.small_ffn == "dense":
-            reason = small_site_reason(described.work, described.device, cuda_graphs, config.chunk > 1)
+        site, chunk_note = fit_chunk(match, config)
+        reason = illegal_reason(match, site)
+        if reason is None and site.small_ffn == "dense":
+            reason = small_site_reason(described.work, described.device, cuda_graphs, site.chunk > 1)
         if reason is not None:
             records.append(dataclasses.replace(described, reason=reason))
             continue
         x = example_value(match.x)
         h, d = example_value(match.w1).shape
-        plan = plan_kernels(x.device, compute_dtype(match), math.prod(x.shape[:-1]), config, d=d, h=h)
+        plan = plan_kernels(x.device, compute_dtype(match), math.prod(x.shape[:-1]), site, d=d, h=h)
         approx = ""
-        if config.weight_grad_pattern is not None:
-            approx = f"dW1, dW2: token-dim approximation {config.weight_grad} (slower than exact)"
-        note = "; ".join(n for n in (site_note(match, config), plan.why, plan.f1_why, plan.gemm_why, approx) if n)
-        records.append(dataclasses.replace(described, sparse=True, reason=note, kernel=plan.kernel))
+        if site.weight_grad_pattern is not None:
+            approx = f"dW1, dW2: token-dim approximation {site.weight_grad} (slower than exact)"
+        notes = (chunk_note, site_note(match, site), plan.why, plan.f1_why, plan.gemm_why, approx)
+        note = "; ".join(n for n in notes if n)
+        records.append(dataclasses.replace(described, sparse=True, reason=note, kernel=plan.kernel, chunk=site.chunk))
         suffix = plan.spec_suffix
-        if config.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm"):  # the site's unit permutation
+        if site.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm"):  # the site's unit permutation
             suffix += f";units={module_of(match.first, match.second)}"
             note = "; ".join(n for n in (note, "hidden units permuted (sparse_compile.recluster)") if n)
             records[-1] = dataclasses.replace(records[-1], reason=note)
-        replaced[match.second] = rewrite_site(match, config, sparse_weights, plan.op, suffix, plan.linear_algs)
+        replaced[match.second] = rewrite_site(match, site, sparse_weights, plan.op, suffix, plan.linear_algs)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
     n_sparse = sum(r.sparse for r in records)
     if n_sparse:

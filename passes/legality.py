@@ -5,6 +5,7 @@ under dynamic shapes an unknown divisibility keeps the site dense instead of gue
 The token count is not checked here: the op decides per call (see ``token_note``).
 """
 
+import dataclasses
 import math
 
 import torch
@@ -86,6 +87,30 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
             f"got hidden={h}, M * chunk={pattern[2] * config.chunk}"
         )
     return None
+
+
+MIN_FALLBACK_CHUNK = 16  # the smallest chunk of the gather path (kernels/ffn_gather.chunk_path_supports)
+
+
+def fit_chunk(match: FFNMatch, config: SparsityConfig) -> tuple[SparsityConfig, str]:
+    """The config a site runs with, and a note: ``config`` itself, or where its hidden size h is not a
+    multiple of M * chunk, the same config with the largest chunk = chunk / 2**k >= 16 that divides
+    (h = 3072 with M = 16: chunk 128 needs 2048 | h, chunk 64 needs 1024 | h). No chunk fits (or the
+    chunk is not a power of two): ``config`` unchanged, and illegal_reason keeps the site dense."""
+    pattern, w1 = config.activation_pattern, example_value(match.w1)
+    c = config.chunk
+    if pattern is None or c < 2 * MIN_FALLBACK_CHUNK or c & (c - 1) or w1 is None or w1.dim() != 2:
+        return config, ""
+    h, m = w1.shape[0], pattern[2]
+    if guard_or_false(h % (m * c) == 0):
+        return config, ""
+    fit = c // 2
+    while fit >= MIN_FALLBACK_CHUNK and not guard_or_false(h % (m * fit) == 0):
+        fit //= 2
+    if fit < MIN_FALLBACK_CHUNK:
+        return config, ""
+    note = f"chunks of {fit}, not {c}: hidden {h} is not divisible by M * {c} = {m * c}"
+    return dataclasses.replace(config, chunk=fit), note
 
 
 def site_note(match: FFNMatch, config: SparsityConfig) -> str:

@@ -1,5 +1,6 @@
 """The report of every FFN site a compile found: what runs sparse, with which pattern and kernel, or why not."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tabulate import tabulate
@@ -65,9 +66,9 @@ class Report:
         return report
 
     def add(self, graph: int, records: list[SiteRecord]) -> None:
-        patterns = gemm_patterns(self.config)
         for r in records:
-            if r.sparse:
+            if r.sparse:  # a site's chunk may be a fallback smaller than the config's (passes/legality.fit_chunk)
+                patterns = gemm_patterns(dataclasses.replace(self.config, chunk=r.chunk or self.config.chunk))
                 self.sites.append(SiteReport(graph, r, patterns, r.kernel))
             else:
                 self.sites.append(SiteReport(graph, r, dict.fromkeys(GEMMS, "dense"), r.kernel))

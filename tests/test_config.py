@@ -36,7 +36,8 @@ def test_bad_fields(kwargs, field):
 
 def test_presets():
     assert PRESETS["venom"] == SparsityConfig(weights="2:4", activations="64:2:8")
-    assert PRESETS[DEFAULT_PRESET] == SparsityConfig(activations="128:4:8", chunk=64, causal=True)
+    assert PRESETS[DEFAULT_PRESET] == SparsityConfig(activations="128:4:16", chunk=128, causal=True)
+    assert PRESETS["chunked-half"] == SparsityConfig(activations="128:4:8", chunk=64, causal=True)
     assert SparsityConfig.preset("activation24").activation_pattern == (1, 2, 4)
     assert SparsityConfig.preset("weight24").activations is None
     with pytest.raises(ValueError, match="preset='nope'"):
@@ -48,7 +49,7 @@ def test_options_parsing():
     assert BackendOptions.parse({"dump_dir": "/tmp/x"}).config == PRESETS["chunked"]
     # options without a pattern apply on top of the default preset
     forced = BackendOptions.parse({"small_ffn": "sparse", "chunk": 32}).config
-    assert (forced.activations, forced.chunk, forced.causal, forced.small_ffn) == ("128:4:8", 32, True, "sparse")
+    assert (forced.activations, forced.chunk, forced.causal, forced.small_ffn) == ("128:4:16", 32, True, "sparse")
     only_act = BackendOptions.parse({"activations": "128:2:8"}).config
     assert only_act.weights is None and only_act.activation_pattern == (128, 2, 8)
     over = BackendOptions.parse({"preset": "venom", "activations": "2:4"}).config

@@ -64,7 +64,31 @@ def test_nanogpt_gets_every_block():
     assert report.dense_sites == []
     text = str(report)
     assert "4 sparse FFN site(s), 0 dense" in text and "blocks.3.mlp" in text and "model.py" in text
-    assert "activations=128:4:8, chunk=64, causal," in text and "A128:4:8c64 causal" in text
+    # hidden 512 is not a multiple of M * 128 = 2048: every site falls back to chunks of 32 (512 = 16 * 32)
+    assert "activations=128:4:16, chunk=128, causal," in text and "A128:4:16c32 causal" in text
+    assert [s.record.chunk for s in report.sparse_sites] == [32] * 4
+    assert "chunks of 32, not 128: hidden 512 is not divisible by M * 128 = 2048" in text
+
+
+@pytest.mark.parametrize(("hidden", "chunk"), [(4096, 128), (3072, 64), (11008, 16), (1536, 32)])
+def test_a_site_takes_the_largest_chunk_its_hidden_size_allows(hidden, chunk):
+    """hidden % (M * c) == 0 with M = 16: 4096 takes 128; 3072 = 3 * 1024 takes 64; 11008 = 43 * 256
+    (Llama-7B's) takes 16; 1536 = 3 * 512 takes 32. The op's spec carries the site's chunk."""
+
+    class Wide(ffn_zoo._Two):
+        def __init__(self) -> None:
+            super().__init__(d=32, h=hidden, d_out=32)
+
+        def forward(self, x):
+            return self.proj(torch.relu(self.fc(x)) ** 2)
+
+    x = torch.randn(2, 128, 32)
+    (gm,) = dynamo_graphs(Wide(), x)
+    (record,) = sparsify_ffns(gm, SparsityConfig(activations="128:4:16", chunk=128, causal=True))
+    assert record.sparse and record.chunk == chunk
+    assert (f"chunks of {chunk}, not 128" in record.reason) == (chunk != 128)
+    specs = [n.args[-1] for n in gm.graph.nodes if "sqrelu_ffn" in str(n.target)]
+    assert len(specs) == 1 and f";chunk={chunk};" in specs[0] + ";"
 
 
 def test_default_leaves_what_it_cannot_take_dense_with_reason():
@@ -73,7 +97,8 @@ def test_default_leaves_what_it_cannot_take_dense_with_reason():
     assert "need the sequence length (x's second-to-last dim) to be a multiple of V=128" in str(short)
     narrow = explain(GPT(GPTConfig(block_size=128, n_layer=1, n_head=4, n_embd=32)), torch.randint(0, 256, (2, 128)))
     assert narrow.sparse_sites == [] and len(narrow.dense_sites) == 1
-    assert "in chunks of 64 need hidden % (M * chunk) == 0; got hidden=128, M * chunk=512" in str(narrow)
+    # hidden 128 < M * 16 = 256, the smallest chunk there is to fall back to
+    assert "in chunks of 128 need hidden % (M * chunk) == 0; got hidden=128, M * chunk=2048" in str(narrow)
 
 
 def test_shapes_the_kernels_cannot_take_stay_dense_with_reason():
