@@ -19,21 +19,22 @@ def _table_after(text: str, header_start: str) -> list[str]:
 def test_main_job_table_is_quoted_verbatim():
     header = "| seed | dense val | sparse val |"
     quoted = _table_after(README, header)
-    assert len(quoted) == 9
+    assert len(quoted) == 8
     assert quoted == _table_after(RESULTS, header)
 
 
 def test_main_job_table_is_the_measured_csv():
     import csv
 
-    path = ROOT / "bench" / "results" / "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_6pairs_5e0c722-4aa3935.csv"
+    name = "h100_125m-d1024_2400steps_seeds_chunked_lr-warmup-0.5_final-dense-0.5_e66da62.csv"
+    path = ROOT / "bench" / "results" / name
     rows = list(csv.DictReader(open(path)))
     table = _table_after(RESULTS, "| seed | dense val | sparse val |")[2:]
-    for line, row in zip(table[:6], rows[:6], strict=True):
+    for line, row in zip(table[:5], rows[:5], strict=True):
         cells = _cells(line)
         assert cells[1:4] == [f"{float(row['dense']):.4f}", f"{float(row['sparse']):.4f}", f"{float(row['diff']):+.2%}"]
-    mean = _cells(table[6])
-    summary = rows[6]
+    mean = _cells(table[5])
+    summary = rows[5]
     assert mean[3] == f"{float(summary['diff_mean']):+.2%} ± {float(summary['diff_se']):.2%}"
     assert f"dense seed-to-seed spread {float(summary['dense_spread']):.2%}" in RESULTS
 
@@ -72,8 +73,9 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    files = {"1.3B, H100": ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
-             "2.7B, H200": ("h200_e2e_3b_h-from-b1_f3d3b5c_e2e.csv", "default")}  # fmt: skip
+    chunk128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'  # the default's options
+    files = {"1.3B, H100": ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default"),
+             "2.7B, H200": ("h200_e2e_3b_h-from-b1_f3d3b5c_e2e.csv", chunk128)}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, label) in files.items():
         row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == label)
@@ -92,7 +94,7 @@ def test_speed_quality_table_is_the_measured_csvs():
     default128 = '{"activations": "128:4:8", "causal": true, "chunk": 128}'
     chunk64 = '{"activations": "128:4:16", "causal": true, "chunk": 64}'
     sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
-        (f"default (`{default}`)", "10% / 25%"): (
+        ("`chunked-half`, the former default", "10% / 25%"): (
             ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
             "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_6pairs_5e0c722-4aa3935.csv",
         ),
@@ -157,6 +159,14 @@ def test_speed_quality_table_is_the_measured_csvs():
     sources[(f"`{chunk128}`", f"10% / 50%, {d1024}")] = (
         ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", chunk128),
         "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_final-dense-0.5_5pairs_4aa3935-1eb8bb5.csv",
+    )
+    res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job's
+    e2e_new = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default")
+    sources[(f"default (`{chunk128}`)", "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
+    sources[("default", "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
+    sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (
+        ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half"),
+        res_new.format("chunked-half", "0.5_3fb3d2b"),
     )
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
     table = _table_after(README, header)[2:]

@@ -182,7 +182,7 @@ def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
 @pytest.mark.parametrize("options", [{"activations": "128:2:16", "chunk": 32}, {}], ids=["128:2:16-c32", "default"])
 def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels(options):
     """The chunk kernels' curve against the reference kernels' (assert_trains_like_reference); {} is
-    the default options (causal 128:4:8 in chunks of 64)."""
+    the default options (causal 128:4:16 in chunks of 128, or the largest chunk the hidden size takes)."""
     fast, kernels, _ = train_gpt({**options, "kernels": "auto"})
     assert kernels == {GATHER}
     assert_trains_like_reference(fast, options)
