@@ -149,6 +149,7 @@ def test_train_smoke_on_cpu(tmp_path):
         (["--time-limit", "0"], "expected seconds > 0"),
         (["--dense-every", "1"], "--dense-every 1: PhaseSchedule.dense_every=1: expected 0 (never) or an int >= 2"),
         (["--final-dense-frac", "-0.1"], "--final-dense-frac: '-0.1': expected a fraction in [0, 1]"),
+        (["--lr-warmup-frac", "1.5"], "--lr-warmup-frac: '1.5': expected a fraction in [0, 1]"),
     ],
 )
 def test_bad_arguments_exit_non_zero(args, message, capsys):
@@ -157,6 +158,26 @@ def test_bad_arguments_exit_non_zero(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(args)
     assert e.value.code != 0 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("frac", "warm"), [(0.05, 5), (0.5, 50), (0.0, 1)])
+def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_a_tenth(frac, warm):
+    """lr(step) = peak (step + 1) / W for step < W = max(1, steps x frac), then peak (0.1 + 0.45 (1 +
+    cos(pi (step - W) / (steps - W)))): computed here from the formula, independently of bench.train."""
+    from bench.train import _lr, parse_args
+
+    args = parse_args(["--device", "cpu", "--steps", "100", "--lr", "0.002", "--lr-warmup-frac", str(frac)])
+    for step in (0, warm - 1, warm, 70, 99):
+        want = (
+            0.002 * (step + 1) / warm
+            if step < warm
+            else 0.002 * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (100 - warm))))
+        )
+        assert _lr(step, args) == pytest.approx(want, rel=1e-12), step
+    assert (
+        parse_args(["--device", "cpu"]).lr_warmup_frac == 0.5
+        and parse_args(["--device", "cpu"]).final_dense_frac == 0.5
+    )
 
 
 def test_bad_argument_exits_non_zero_from_the_command_line():
