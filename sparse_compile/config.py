@@ -178,7 +178,7 @@ PRESETS: dict[str, SparsityConfig] = {
     # The default, chosen by measurement (bench/RESULTS.md sections 2 and 6): each 128-token block
     # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the previous block; a site
     # whose hidden size is not a multiple of 2048 takes the largest chunk of 64, 32 or 16 that fits
-    # (passes/legality.fit_chunk). 1.325x a dense step at 1.3B (H100), 1.389x at 2.7B (H200); with
+    # (passes/legality.fit_chunk). 1.330x a dense step at 1.3B (H100), 1.389x at 2.7B (H200); with
     # half of the run dense at the end (PhaseSchedule.from_fractions' default), the 126M main job ends
     # +1.13% +- 0.21% from dense over 5 paired seeds.
     "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True),
