@@ -174,10 +174,8 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_a_tenth(frac, 
             else 0.002 * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / (100 - warm))))
         )
         assert _lr(step, args) == pytest.approx(want, rel=1e-12), step
-    assert (
-        parse_args(["--device", "cpu"]).lr_warmup_frac == 0.5
-        and parse_args(["--device", "cpu"]).final_dense_frac == 0.5
-    )
+    defaults = parse_args(["--device", "cpu"])
+    assert (defaults.lr_warmup_frac, defaults.final_dense_frac) == (0.5, 0.5)
 
 
 def test_bad_argument_exits_non_zero_from_the_command_line():

@@ -6,6 +6,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 RESULTS = (ROOT / "bench" / "RESULTS.md").read_text()
+CHUNK128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'  # the default's options
 
 
 def _table_after(text: str, header_start: str) -> list[str]:
@@ -73,9 +74,8 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    chunk128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'  # the default's options
     files = {"1.3B, H100": ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default"),
-             "2.7B, H200": ("h200_e2e_3b_h-from-b1_f3d3b5c_e2e.csv", chunk128)}  # fmt: skip
+             "2.7B, H200": ("h200_e2e_3b_h-from-b1_f3d3b5c_e2e.csv", CHUNK128)}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, label) in files.items():
         row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == label)
@@ -146,23 +146,22 @@ def test_speed_quality_table_is_the_measured_csvs():
         ("h100_e2e_1.3b_default_df578b3_e2e.csv", chunk64),
         "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_final-dense-0.5_f3d3b5c.csv",
     )
-    chunk128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'
     d1024 = "model 125m-d1024"  # the 126M model with h = 4096 (h % 2048 == 0 for chunks of 128)
     sources[(f"`{default}`", f"10% / 25%, {d1024}")] = (
         ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
         "h100_125m-d1024_2400steps_seeds_128-4-8-causal-chunk64_1eb8bb5.csv",
     )
-    sources[(f"`{chunk128}`", f"10% / 25%, {d1024}")] = (
-        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", chunk128),
+    sources[(f"`{CHUNK128}`", f"10% / 25%, {d1024}")] = (
+        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", CHUNK128),
         "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_4aa3935.csv",
     )
-    sources[(f"`{chunk128}`", f"10% / 50%, {d1024}")] = (
-        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", chunk128),
+    sources[(f"`{CHUNK128}`", f"10% / 50%, {d1024}")] = (
+        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", CHUNK128),
         "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_final-dense-0.5_5pairs_4aa3935-1eb8bb5.csv",
     )
     res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job's
     e2e_new = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default")
-    sources[(f"default (`{chunk128}`)", "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
+    sources[(f"default (`{CHUNK128}`)", "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
     sources[("default", "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
     sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (
         ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half"),
