@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs, folders = jobs_of(args)
     run(jobs, args.parallel, args.time_limit, args.min_seconds)
     print(tabulate([[j.folder.name, j.state()] for j in jobs], headers=["run", "state"], tablefmt="github"))
-    done = {arm: all((f / "log.csv").is_file() for f in fs) for arm, fs in folders.items()}
+    done = {arm: all((f / "summary.txt").is_file() for f in fs) for arm, fs in folders.items()}
     for arm, fs in folders.items():
         if arm == "dense" or not (done[arm] and done["dense"]):
             continue

@@ -10,7 +10,8 @@ rank: N ranks at b see what one process sees at N*b), phases flip on every rank 
 and rank 0 writes the outputs; tokens/s and losses count all ranks.
 --save-every N / --stop-at STEP / --time-limit SECONDS write OUT/checkpoint.pt (bench/checkpoint.py);
 --resume OUT goes on from it, step for step as if never stopped, so a long run can be split over
-several calls of bounded length.
+several calls of bounded length; a stopped call leaves the points logged so far in
+OUT/log_partial.csv (log.csv is written when the run finishes).
 """
 
 import argparse
@@ -37,6 +38,7 @@ from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, optio
 from sparse_compile.kernels import transposable_24_mask
 
 SEGMENTS = ("warmup", "sparse", "final")
+PARTIAL_LOG = "log_partial.csv"  # a stopped call's points so far
 CSV_FIELDS = [
     "run",
     "step",
@@ -597,12 +599,16 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = RunResult(**ckpt.finished[name])
             continue
         result = train_one(name, args, corpus, schedule, val_batches, d, ckpt)
-        if result is None:
+        if result is None:  # the points logged so far, apart from log.csv (whose last row is the final)
+            if d.main:
+                rows = [row for r in results.values() for row in r.rows] + ckpt.current.result["rows"]
+                write_csv(out / PARTIAL_LOG, rows, CSV_FIELDS)
             print(f"stopped {name} after step {ckpt.current.step}: go on with --resume {out}")
             return 0
         results[name] = result
     if d.main:
         write_csv(out / "log.csv", [row for r in results.values() for row in r.rows], CSV_FIELDS)
+        (out / PARTIAL_LOG).unlink(missing_ok=True)
         plot(results, schedule, args.steps, out / "loss.png")
         table = summary_table(results)
         if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)

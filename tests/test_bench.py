@@ -258,6 +258,7 @@ def test_resume_keeps_the_hidden_unit_permutations(tmp_path):
 
 def _resume_cases(tmp_path, main, extra=()):
     from bench import checkpoint
+    from bench.train import PARTIAL_LOG
 
     common = ["--steps", "8", "--batch-size", "2", "--seq-len", "64", "--log-every", "2", "--eval-every", "4"]
     common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), *extra]
@@ -267,16 +268,21 @@ def _resume_cases(tmp_path, main, extra=()):
     state = torch.load(split / checkpoint.FILE, weights_only=False)
     assert state.current.name == "dense" and state.current.step == 5 and not state.finished
     assert set(state.current.model) == set(GPT(GPTConfig(block_size=128)).state_dict())
-    assert not (split / "log.csv").exists()
+    keys = ["run", "step", "phase", "loss", "val_loss", "h_zero_frac", "h_kept_frac", "weight_flip_rate"]
+
+    def rows(folder, name="log.csv"):
+        return [[r[k] for k in keys] for r in csv.DictReader(open(folder / name))]
+
+    whole = rows(tmp_path / "whole")
+    assert len(whole) == 8  # dense steps 2, 4, 6, 8, then sparse
+    assert rows(split, PARTIAL_LOG) == whole[:2] and not (split / "log.csv").exists()  # the points so far
     assert main([*common, "--resume", str(split), "--stop-at", "5"]) == 0
     state = torch.load(split / checkpoint.FILE, weights_only=False)
     assert list(state.finished) == ["dense"] and (state.current.name, state.current.step) == ("sparse", 5)
+    assert rows(split, PARTIAL_LOG) == whole[:6]
     stopped = state
     assert main([*common, "--resume", str(split)]) == 0
-    keys = ["run", "step", "phase", "loss", "val_loss", "h_zero_frac", "h_kept_frac", "weight_flip_rate"]
-    whole = [[r[k] for k in keys] for r in csv.DictReader(open(tmp_path / "whole" / "log.csv"))]
-    resumed = [[r[k] for k in keys] for r in csv.DictReader(open(split / "log.csv"))]
-    assert len(whole) == 8 and resumed == whole
+    assert rows(split) == whole and not (split / PARTIAL_LOG).exists()
     return stopped
 
 
@@ -284,11 +290,15 @@ def test_time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run(tmp
     """--time-limit: the call stops after the first step past the limit, with a checkpoint; a
     --resume without it finishes the run, and the log equals the uninterrupted run's (one thread)."""
     from bench import checkpoint
+    from bench.train import PARTIAL_LOG
     from bench.train import main as train_main
 
     def main(argv):
         torch._dynamo.reset()
         return train_main(argv)
+
+    def rows(folder, name="log.csv"):
+        return [[r[k] for k in ("run", "step", "loss", "val_loss")] for r in csv.DictReader(open(folder / name))]
 
     common = ["--steps", "4", "--batch-size", "2", "--seq-len", "64", "--log-every", "1", "--eval-every", "2"]
     common += ["--eval-iters", "1", "--runs", "dense", "--no-progress", "--data-dir", str(tmp_path / "data")]
@@ -299,13 +309,14 @@ def test_time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run(tmp
         split = tmp_path / "split"
         assert main([*common, "--out", str(split), "--time-limit", "1e-6"]) == 0
         state = torch.load(split / checkpoint.FILE, weights_only=False)
-        assert (state.current.name, state.current.step) == ("dense", 1) and not (split / "log.csv").exists()
+        assert (state.current.name, state.current.step) == ("dense", 1)
+        partial = rows(split, PARTIAL_LOG)
+        assert not (split / "log.csv").exists()
         assert main([*common, "--resume", str(split), "--time-limit", "3600"]) == 0
     finally:
         torch.set_num_threads(threads)
-    keys = ["run", "step", "loss", "val_loss"]
-    whole = [[r[k] for k in keys] for r in csv.DictReader(open(tmp_path / "whole" / "log.csv"))]
-    assert len(whole) == 4 and [[r[k] for k in keys] for r in csv.DictReader(open(split / "log.csv"))] == whole
+    whole = rows(tmp_path / "whole")
+    assert len(whole) == 4 and partial == whole[:1] and rows(split) == whole
 
 
 def test_deterministic_runs_repeat_bit_for_bit_with_several_threads(tmp_path, monkeypatch):
@@ -480,7 +491,8 @@ def test_sweep_stops_resumes_and_tables_each_configuration(tmp_path):
     states = _states(first.stdout)
     for arm, run in (("dense", "dense"), ("activations-64-2-8", "sparse")):
         assert states[f"{arm}_s0"] == f"stopped {run} after step 1"
-        assert (out / f"{arm}_s0" / "checkpoint.pt").is_file() and not (out / f"{arm}_s0" / "log.csv").exists()
+        assert (out / f"{arm}_s0" / "checkpoint.pt").is_file() and not (out / f"{arm}_s0" / "summary.txt").exists()
+        assert (out / f"{arm}_s0" / "log_partial.csv").is_file()
     second = subprocess.run([*cmd, "--time-limit", "600", "--", *train], capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert set(_states(second.stdout).values()) == {"finished"}
