@@ -70,9 +70,10 @@ class PhaseSchedule:
     ) -> "PhaseSchedule":
         """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
         (and every ``dense_every``-th step between). The defaults are the measured recipe of the
-        default pattern (bench/RESULTS.md section 6): on the 126M main job it ends +1.13% from dense
-        with the last half dense (+1.11% with 60%); with a 5% learning-rate warm-up it ended +0.32%
-        with half and +3.73% with the last quarter."""
+        default pattern (bench/RESULTS.md section 6): on the 126M main job it ends +1.59% from dense
+        with the last half dense; at peak lr 1e-3 +1.13% (+1.11% with 60%, +1.55% to +3.11% with the
+        40% sparse window starting at 0%, 5%, 30% or 40%); with a 5% learning-rate warm-up it ended
+        +0.32% with half and +3.73% with the last quarter."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")

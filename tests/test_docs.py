@@ -20,22 +20,22 @@ def _table_after(text: str, header_start: str) -> list[str]:
 def test_main_job_table_is_quoted_verbatim():
     header = "| seed | dense val | sparse val |"
     quoted = _table_after(README, header)
-    assert len(quoted) == 8
+    assert len(quoted) == 6
     assert quoted == _table_after(RESULTS, header)
 
 
 def test_main_job_table_is_the_measured_csv():
     import csv
 
-    name = "h100_125m-d1024_2400steps_seeds_chunked_lr-warmup-0.5_final-dense-0.5_e66da62.csv"
+    name = "h100_125m-d1024_2400steps_seeds_chunked_lr-5e-4_lr-warmup-0.5_final-dense-0.5_1e138ac.csv"
     path = ROOT / "bench" / "results" / name
     rows = list(csv.DictReader(open(path)))
     table = _table_after(RESULTS, "| seed | dense val | sparse val |")[2:]
-    for line, row in zip(table[:5], rows[:5], strict=True):
+    for line, row in zip(table[:3], rows[:3], strict=True):
         cells = _cells(line)
         assert cells[1:4] == [f"{float(row['dense']):.4f}", f"{float(row['sparse']):.4f}", f"{float(row['diff']):+.2%}"]
-    mean = _cells(table[5])
-    summary = rows[5]
+    mean = _cells(table[3])
+    summary = rows[3]
     assert mean[3] == f"{float(summary['diff_mean']):+.2%} ± {float(summary['diff_se']):.2%}"
     assert f"dense seed-to-seed spread {float(summary['dense_spread']):.2%}" in RESULTS
 
@@ -161,9 +161,17 @@ def test_speed_quality_table_is_the_measured_csvs():
     )
     res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job's
     e2e_new = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default")
-    sources[(f"default (`{CHUNK128}`)", "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
-    sources[("default", "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
-    sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (
+    sources[(f"default (`{CHUNK128}`)", "10% / 50%")] = (
+        e2e_new,
+        "h100_125m-d1024_2400steps_seeds_chunked_lr-5e-4_lr-warmup-0.5_final-dense-0.5_1e138ac.csv",
+    )
+    lr1 = "default, peak lr 1e-3"
+    sources[(lr1, "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
+    sources[(lr1, "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
+    window = "h100_125m-d1024_2400steps_seeds_chunked_lr-warmup-0.5_warmup-{}_final-dense-{}_1e138ac.csv"
+    for warm, tail in ((0.05, 0.55), (0.0, 0.6), (0.3, 0.3), (0.4, 0.2)):  # the 40% sparse window moved
+        sources[(lr1, f"{warm:.0%} / {tail:.0%}")] = (e2e_new, window.format(warm, tail))
+    sources[(f"`chunked-half` (`{default}`), peak lr 1e-3", "10% / 50%")] = (
         ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half"),
         res_new.format("chunked-half", "0.5_3fb3d2b"),
     )
