@@ -256,6 +256,11 @@ def test_resume_keeps_the_hidden_unit_permutations(tmp_path):
     assert not all(torch.equal(p, torch.arange(512)) for p in state.current.units.values())
 
 
+def _logged(path, keys):
+    """The rows of a bench.train log (log.csv or log_partial.csv), as lists of the ``keys`` columns."""
+    return [[r[k] for k in keys] for r in csv.DictReader(open(path))]
+
+
 def _resume_cases(tmp_path, main, extra=()):
     from bench import checkpoint
     from bench.train import PARTIAL_LOG
@@ -269,20 +274,16 @@ def _resume_cases(tmp_path, main, extra=()):
     assert state.current.name == "dense" and state.current.step == 5 and not state.finished
     assert set(state.current.model) == set(GPT(GPTConfig(block_size=128)).state_dict())
     keys = ["run", "step", "phase", "loss", "val_loss", "h_zero_frac", "h_kept_frac", "weight_flip_rate"]
-
-    def rows(folder, name="log.csv"):
-        return [[r[k] for k in keys] for r in csv.DictReader(open(folder / name))]
-
-    whole = rows(tmp_path / "whole")
+    whole = _logged(tmp_path / "whole" / "log.csv", keys)
     assert len(whole) == 8  # dense steps 2, 4, 6, 8, then sparse
-    assert rows(split, PARTIAL_LOG) == whole[:2] and not (split / "log.csv").exists()  # the points so far
+    assert _logged(split / PARTIAL_LOG, keys) == whole[:2] and not (split / "log.csv").exists()  # the points so far
     assert main([*common, "--resume", str(split), "--stop-at", "5"]) == 0
     state = torch.load(split / checkpoint.FILE, weights_only=False)
     assert list(state.finished) == ["dense"] and (state.current.name, state.current.step) == ("sparse", 5)
-    assert rows(split, PARTIAL_LOG) == whole[:6]
+    assert _logged(split / PARTIAL_LOG, keys) == whole[:6]
     stopped = state
     assert main([*common, "--resume", str(split)]) == 0
-    assert rows(split) == whole and not (split / PARTIAL_LOG).exists()
+    assert _logged(split / "log.csv", keys) == whole and not (split / PARTIAL_LOG).exists()
     return stopped
 
 
@@ -297,9 +298,7 @@ def test_time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run(tmp
         torch._dynamo.reset()
         return train_main(argv)
 
-    def rows(folder, name="log.csv"):
-        return [[r[k] for k in ("run", "step", "loss", "val_loss")] for r in csv.DictReader(open(folder / name))]
-
+    keys = ("run", "step", "loss", "val_loss")
     common = ["--steps", "4", "--batch-size", "2", "--seq-len", "64", "--log-every", "1", "--eval-every", "2"]
     common += ["--eval-iters", "1", "--runs", "dense", "--no-progress", "--data-dir", str(tmp_path / "data")]
     threads = torch.get_num_threads()
@@ -310,13 +309,13 @@ def test_time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run(tmp
         assert main([*common, "--out", str(split), "--time-limit", "1e-6"]) == 0
         state = torch.load(split / checkpoint.FILE, weights_only=False)
         assert (state.current.name, state.current.step) == ("dense", 1)
-        partial = rows(split, PARTIAL_LOG)
+        partial = _logged(split / PARTIAL_LOG, keys)
         assert not (split / "log.csv").exists()
         assert main([*common, "--resume", str(split), "--time-limit", "3600"]) == 0
     finally:
         torch.set_num_threads(threads)
-    whole = rows(tmp_path / "whole")
-    assert len(whole) == 4 and partial == whole[:1] and rows(split) == whole
+    whole = _logged(tmp_path / "whole" / "log.csv", keys)
+    assert len(whole) == 4 and partial == whole[:1] and _logged(split / "log.csv", keys) == whole
 
 
 def test_deterministic_runs_repeat_bit_for_bit_with_several_threads(tmp_path, monkeypatch):

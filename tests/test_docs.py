@@ -159,7 +159,7 @@ def test_speed_quality_table_is_the_measured_csvs():
         ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", CHUNK128),
         "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_final-dense-0.5_5pairs_4aa3935-1eb8bb5.csv",
     )
-    res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job's
+    res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job at peak lr 1e-3
     e2e_new = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default")
     sources[(f"default (`{CHUNK128}`)", "10% / 50%")] = (
         e2e_new,
@@ -172,7 +172,7 @@ def test_speed_quality_table_is_the_measured_csvs():
     for warm, tail in ((0.05, 0.55), (0.0, 0.6), (0.3, 0.3), (0.4, 0.2)):  # the 40% sparse window moved
         sources[(lr1, f"{warm:.0%} / {tail:.0%}")] = (e2e_new, window.format(warm, tail))
     sources[(f"`chunked-half` (`{default}`), peak lr 1e-3", "10% / 50%")] = (
-        ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half"),
+        (e2e_new[0], "chunked-half"),
         res_new.format("chunked-half", "0.5_3fb3d2b"),
     )
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
