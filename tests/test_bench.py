@@ -175,7 +175,7 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_a_tenth(frac, 
         )
         assert _lr(step, args) == pytest.approx(want, rel=1e-12), step
     defaults = parse_args(["--device", "cpu"])
-    assert (defaults.lr_warmup_frac, defaults.final_dense_frac) == (0.5, 0.5)
+    assert (defaults.lr_warmup_frac, defaults.warmup_frac, defaults.final_dense_frac) == (0.5, 0.1, 0.65)
 
 
 def test_bad_argument_exits_non_zero_from_the_command_line():
