@@ -70,6 +70,12 @@ SWEEP = [
     (256, 64, 8, 4, 1, False, True),
     (256, 64, 8, 2, 1, False, True),
     (128, 64, 4, 4, 1, False, True),
+    # Triton 3.6, sm90 build with 16-divisible shapes: at 4 stages the 128 x 128 tile keeps 2 buffers of
+    # its A and B tiles (65.6 KB: 3 programs per SM by shared memory, 154 registers), at 5-6 stages 3
+    # (98.4 KB: 2 per SM), at 7-8 stages 4 (131 KB: 1 per SM); the default c = 128 tile (4 stages)
+    # pipelines 2 deep
+    (128, 64, 4, 5, 1, False, True),
+    (128, 64, 4, 7, 1, False, True),
     (128, 64, 8, 4, 1, False, True),
     (128, 128, 8, 3, 1, False, True),
     (256, 64, 4, 3, 1, True, True),
