@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PHASES = ("sparse", "dense")
-# The default pattern's measured recipe (bench/RESULTS.md section 6): dense for the first 10% and the
-# last 65% of the steps. On the 126M main job it ends +0.43% +- 0.20% from dense (five paired seeds)
-# against +1.32% +- 0.25% with the last 50% dense.
+# The default pattern's measured recipe: dense for the first 10% and the last 65% of the steps
+# (PhaseSchedule.from_fractions says what it measured; bench/RESULTS.md section 6)
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.65
 _current = "sparse"
