@@ -2,9 +2,11 @@
 
 For each model size and each configuration, in one process: the project's GPT (bench/model.py) at
 sequence length 2048 and 8 x 2048 = 16k tokens per step, bf16 autocast, fused AdamW, gradient
-clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout,
-every site sparse at every size: small_ffn='sparse' unless the options say otherwise (the backend's
-default, 'dense', leaves CUDA FFNs under the size rule of sparse_compile/passes/size_rule.py dense).
+clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout.
+`default` is exactly what backend="sparse" with no options runs: CUDA FFNs under the size rule of
+sparse_compile/passes/size_rule.py stay dense (small_ffn='dense'), and its report says so per site.
+Every other configuration runs every site sparse at every size, to measure its pattern there:
+small_ffn='sparse' unless its options say otherwise.
 Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
@@ -114,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for label in args.configs:
         if label != "dense":
             try:
-                BackendOptions.parse(_options(label))
+                BackendOptions.parse(backend_options(label))
             except ValueError as e:
                 p.error(f"--configs {label!r}: {e}")
     args.batch_size = args.batch_size or (8 if gpu else 4)
@@ -126,9 +128,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _options(label: str) -> dict:
-    """Every size runs its sites sparse (small_ffn='sparse' unless the options say otherwise)."""
-    return {"small_ffn": "sparse"} | ({} if label == "default" else options_from_text(label))
+def backend_options(label: str) -> dict:
+    """backend='sparse' options of a configuration: none for `default` (the user's default, size rule
+    included); for any other, its options with every site sparse (small_ffn='sparse' unless they say)."""
+    return {} if label == "default" else {"small_ffn": "sparse"} | options_from_text(label)
 
 
 def _sites(reports: list) -> str:
@@ -168,7 +171,7 @@ def run_one(
     if label == "dense":
         compiled = distributed.compile_model(model, d, mode=mode)
     else:
-        options = _options(label) | ({"mode": mode} if mode else {})
+        options = backend_options(label) | ({"mode": mode} if mode else {})
         compiled = distributed.compile_model(model, d, backend="sparse", options=options)
     opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu and d.mode != "fsdp")  # FSDP2 shards: default path
     batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1, rank=d.rank, world=d.world)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, ungroup_graphs
+from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, backend_options, ungroup_graphs
 from bench.e2e import main as e2e_main
 from bench.step_profile import GROUPS, breakdown, classify, host, host_calls
 
@@ -133,6 +133,18 @@ def test_cuda_graph_rows_leave_launch_grouped_columns_empty():
     got = ungroup_graphs(row, kernels)
     assert [g for g, _, _ in got] == [GRAPH_GROUP, "attention", GRAPH_GROUP]
     assert all(row[f"{g} ms"] == "" for g in GRAPH_UNGROUPED) and row["attention ms"] == 1.0 and row["GPU ms"] == 6.0
+
+
+def test_default_configuration_is_the_users_default_and_the_others_run_every_site_sparse():
+    from sparse_compile.config import BackendOptions
+
+    default = BackendOptions.parse(backend_options("default")).config
+    assert default == BackendOptions.parse(None).config
+    assert default.small_ffn == "dense"  # the size rule applies, as for a user with no options
+    half = BackendOptions.parse(backend_options("chunked-half")).config
+    assert (half.activations, half.chunk, half.small_ffn) == ("128:4:8", 64, "sparse")
+    own = BackendOptions.parse(backend_options('{"activations": "128:2:16", "small_ffn": "dense"}')).config
+    assert (own.activations, own.small_ffn) == ("128:2:16", "dense")
 
 
 def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
