@@ -76,6 +76,9 @@ SWEEP = [
     # pipelines 2 deep
     (128, 64, 4, 5, 1, False, True),
     (128, 64, 4, 7, 1, False, True),
+    (128, 128, 4, 4, 1, False, True),
+    (128, 128, 4, 5, 1, False, True),
+    (256, 64, 8, 5, 1, False, True),
     (128, 64, 8, 4, 1, False, True),
     (128, 128, 8, 3, 1, False, True),
     (256, 64, 4, 3, 1, True, True),
