@@ -15,6 +15,9 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
   F2, B1 in place  the gather GEMMs reading W2 [d, h] as w2.t() along the chunk runs, vs the same GEMM
                on a contiguous W2^T with the transpose copy (the baseline) and without it (ceiling ms); the
                check is the relative difference of the two (autotuned separately: tiles may differ)
+  F2, B1, B3 slabs  the gathers with each chunk run's weight slab copied through a TMA descriptor
+               (where the id tile divides c) vs the same kernels on gathered rows (baseline ms) and
+               vs cuBLAS on the dense shape at the compact width (ceiling ms); check: the two's difference
   B1 + db1     B1 with its epilogue's row-tile column sums, then db1 from them, against B1 and then
                db1 from dZ~ (one more read of dZ~); the check: the two dZ~'s and db1's relative differences
   B1 + B2      B1's epilogue also writing H~ = round(r_c^2), then B2 on it (the op's path), against B1
@@ -36,6 +39,7 @@ from tabulate import tabulate
 
 from bench.env import write_csv
 from bench.gpu_timing import start_gpu_bench
+from sparse_compile.kernels import gather_gemm_triton
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
@@ -186,6 +190,30 @@ def measure(
         rows.append({**label, "kernel": name, "ms": _ms(lambda fn=fn: fn(w2.t())), "check": f"rel {err:.1e}",
                      "baseline": "transpose_copy + GEMM", "baseline ms": _ms(lambda fn=fn: fn(transpose_copy(w2))),
                      "ceiling ms": _ms(lambda fn=fn: fn(w2t))})  # fmt: skip
+
+    # F2, B1 (with its epilogue, as the op runs it) and B3 with each chunk run's weight slab copied
+    # whole through a TMA descriptor (where the id tile divides c) against gathered rows
+    # (SLABS_DEFAULT off, tuned apart); ceiling: cuBLAS on the same dense shape at K (resp. N) = Kc.
+    # Check: relative difference of the two
+    w1 = (torch.randn(h, d, device="cuda", generator=g) * d**-0.5).bfloat16()
+    sq = torch.empty_like(r_c)
+    slab_gemms = (
+        ("F2 slabs", lambda: gather_k_mm(h_c, ids, w2.t(), v, chunk=c), lambda: h_c @ w2t[:kc]),
+        ("B1 slabs", lambda: gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c, tile_sums=True, square_out=sq)[0],
+         lambda: dy @ w2t[:kc].t()),
+        ("B3 slabs", lambda: gather_k_mm(dz_c, ids, w1, v, chunk=c), lambda: dz_c @ w1[:kc]),
+    )  # fmt: skip
+    for name, fn, dense in slab_gemms:
+        got, slab_ms = fn(), _ms(fn)
+        gather_gemm_triton.SLABS_DEFAULT = False
+        try:
+            rows_out, rows_ms = fn(), _ms(fn)
+        finally:
+            gather_gemm_triton.SLABS_DEFAULT = True
+        ceiling = _ms(dense)
+        rows.append({**label, "kernel": name, "ms": slab_ms, "of ceiling": ceiling / slab_ms,
+                     "baseline": "gathered rows", "baseline ms": rows_ms, "ceiling ms": ceiling,
+                     "check": f"rel {_rel(got, rows_out):.1e}"})  # fmt: skip
 
     # B1 + db1 as the op runs them: B1's epilogue writes its row tiles' column sums, db1 adds them up
     # over the csr; baseline: B1, then db1 from dZ~ (a torch reduction over dZ~, then the same sum)

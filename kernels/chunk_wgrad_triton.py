@@ -292,14 +292,16 @@ def chunk_wgrad(
     # H100, bench.chunk_kernels --sweep (bench/RESULTS.md section 2). c = 64: BLOCK_D 256, 8 warps
     # through pointers, 1.834 ms at (16384, 4096, 16384) against 2.001 for 128 / 4 warps, 0.462 vs 0.497
     # ms at (16384, 2048, 8192); through TMA no faster (0.778-0.843 against 0.784-0.863 at 128:4:8):
-    # the kernel is L2-bound there. c = 128: a [128, 128] tile, 4 warps, 4 stages, TMA: B4 0.606 ms
-    # against 0.808 for the 256 tile through pointers at 128:4:8, B2 0.858 against 0.961 squaring R~
-    # here, 0.603 on the H~ that B1's epilogue writes (square=False: no registers between load and MMA)
+    # the kernel is L2-bound there. c = 128: a [256, 128] tile, 8 warps, 5 stages, TMA (Triton 3.6
+    # spends one stage on the csr loads: 3 buffers of 48 KB, one program per SM). At 128:4:16, B4
+    # 0.632 ms against 0.897 for [128, 128] / 4 warps / 4 stages (2 buffers) at (16384, 3072, 12288),
+    # 0.270 against 0.317 at (16384, 2048, 8192); the same tile at 3 or 4 stages (2 buffers, two
+    # programs per SM) 0.916 / 0.408 (bench/RESULTS.md section 4, the c = 128 tilings)
     cuda = a.device.type == "cuda"
     wide = c >= 128 and cuda and not units_m
-    block_d = block_d or (32 if not cuda else 128 if wide else 256)
-    num_warps = num_warps or (4 if units_m or wide or not cuda else 8)  # [64, 256] float32: one warpgroup
-    num_stages = num_stages or (4 if wide else 3)
+    block_d = block_d or (32 if not cuda else 256)
+    num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
+    num_stages = num_stages or (5 if wide else 3)
     if tma is None and not wide:  # c = 64: pointer tiles (None stays: TMA where tma_for allows)
         tma = False
     block_k = block_k or (64 if v % 64 == 0 else 16)

@@ -121,7 +121,7 @@ def sqrelu_ffn_backward_gather(
         dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr)
         del h_c
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
-        dx = gather_k_mm(dz_c, ids, w1.contiguous(), v)
+        dx = gather_k_mm(dz_c, ids, w1.contiguous(), v, chunk=chunk)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
         return dx, dw1, db1, dw2, dy.sum(0)
     if "B1" in dense:

@@ -12,8 +12,10 @@ BLOCK_M rows inside one block multiplies against one set of gathered rows of a d
 FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F. Bytes: the
 gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
 along N (resp. K), so each gathered row is a coalesced load (cp.async; Hopper has no TMA gather);
-the contiguous operand (c, resp. a) comes through a TMA descriptor on sm90+. fp32 accumulate; fp32 inputs use
-IEEE fp32 dot (no TF32), so the kernels never change a user's precision.
+the contiguous operand (c, resp. a) comes through a TMA descriptor on sm90+. With neuron chunks
+whose runs cover the id tile (chunk 128; BLOCK_K, resp. BLOCK_N, 64 or 128) a tile's ids are
+consecutive units, so the gathered tile is a dense slab of b: one TMA copy at the run's first id.
+fp32 accumulate; fp32 inputs use IEEE fp32 dot (no TF32), so the kernels never change a user's precision.
 BLOCK_M must divide V (one id set per tile): the autotuner only tries those configs. The token
 count T is not in the autotune key: a model whose batch varies (dynamic shapes) tunes once per
 layer shape, not once per batch size (tuning takes seconds), and the choices are kept on disk
@@ -67,6 +69,9 @@ _TILES = [
 # 1.03/0.98/0.96/0.97 ms at 4096x16384, 0.257/0.264/0.245/0.253 ms at 2048x8192 (RESULTS 4l).
 # gather_n (persistent) likewise: 0.97/0.87/0.87/0.91 ms and 0.247/0.251/0.250/0.253 ms.
 _GROUP_M = 32
+# Chunk runs that cover the id tile copied as slabs through a TMA descriptor of the weight
+# (_run_operand); False: gathered rows, for a benchmark's baseline (bench.chunk_kernels).
+SLABS_DEFAULT = True
 _GATHER_K_TILES = list(dict.fromkeys([(bm, bn, bk, s + 2, w) for bm, bn, bk, s, w in _TILES] + [(128, 256, 64, 7, 8)]))
 # The narrowest id tile of any config (gather_k's BLOCK_K, gather_n's BLOCK_N): runs of chunk ids
 # are hinted at most this long, so a run never outlasts its tile.
@@ -75,9 +80,17 @@ _MIN_BLOCK_M = min(bm for bm, _, _, _, _ in _TILES)  # the narrowest row tile (1
 
 
 def _tma_block(nargs: dict) -> None:
-    """Autotune pre-hook: the contiguous operand's TMA descriptor loads [BLOCK_M, BLOCK_K] tiles."""
+    """Autotune pre-hook: the contiguous operand's TMA descriptor loads [BLOCK_M, BLOCK_K] tiles;
+    the gathered operand's (chunk runs, ``b_desc``), one run's slab per tile, in its storage order:
+    gather_k [BLOCK_K, BLOCK_N] of b (B_T: [BLOCK_N, BLOCK_K] of b^T), gather_n [BLOCK_N, BLOCK_K]
+    of bt (B_T: [BLOCK_K, BLOCK_N] of bt^T)."""
     if isinstance(nargs["a_desc"], TensorDescriptor):
         nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    if isinstance(nargs["b_desc"], TensorDescriptor):
+        gather_n = "bt_ptr" in nargs
+        k_rows = nargs["B_T"] if gather_n else not nargs["B_T"]  # the slab is [BLOCK_K, BLOCK_N]
+        shape = [nargs["BLOCK_K"], nargs["BLOCK_N"]] if k_rows else [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+        nargs["b_desc"].block_shape = shape
 
 
 def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
@@ -111,6 +124,19 @@ def _a_operand(t: torch.Tensor, use_tma: bool):
     """The kernel's a_desc argument: a TMA descriptor (block shape set per config by _tma_block),
     or the tensor itself when the kernel loads through pointers."""
     return TensorDescriptor.from_tensor(t, [16, 16]) if use_tma else t
+
+
+def _run_operand(b: torch.Tensor, transposed: bool, use_tma: bool, chunk: int):
+    """(the kernel's b_desc argument, RUN): with ids in aligned runs of ``chunk`` >= 16 units and
+    the contiguous operand on TMA, a descriptor of the gathered operand's row-major storage (b, or
+    b^T when b is a transposed view) where it is 16-byte aligned, and RUN = chunk: a config whose id
+    tile (gather_k's BLOCK_K, gather_n's BLOCK_N) divides the run loads one contiguous slab per tile
+    through it at the run's first id, no per-row addresses. Else (b itself, 1): gathered rows."""
+    store = b.t() if transposed else b
+    aligned = store.data_ptr() % 16 == 0 and (store.stride(0) * store.element_size()) % 16 == 0
+    if SLABS_DEFAULT and use_tma and chunk >= 16 and aligned:
+        return TensorDescriptor.from_tensor(store, [16, 16]), chunk
+    return b, 1
 
 
 def _persistent(t: torch.Tensor, persistent: bool | None) -> bool:
@@ -162,14 +188,16 @@ def _tile(pid, T, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.c
 
 @triton.jit
 def _gather_k_tile(
-    tile, c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
+    tile, c_ptr, a_desc, ids_ptr, b_ptr, b_desc, bias_ptr, out_ptr,
     T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_I32: tl.constexpr,
-    B_T: tl.constexpr, CHUNK: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr, RUN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] output tile of gather_k_mm. B_T: b is stored transposed (element
-    (f, n) at f + n * stride_b), its gathered rows contiguous only along runs of CHUNK ids."""
+    (f, n) at f + n * stride_b), its gathered rows contiguous only along runs of CHUNK ids. RUN > 1
+    with BLOCK_K dividing it: each K step's BLOCK_K ids are one run's consecutive units id0.., so
+    b's tile is the slab at row id0 of b_desc (B_T: column id0 of b^T), one bulk copy."""
     pid_m, pid_n = _tile(tile, T, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -185,19 +213,26 @@ def _gather_k_tile(
             a = a_desc.load([pid_m * BLOCK_M, k0])
         else:
             a = tl.load(c_ptrs, mask=k_ok[None, :], other=0.0)
-        idx = tl.load(id_ptrs, mask=k_ok, other=0)
-        if CHUNK > 1:  # ids in aligned runs of CHUNK consecutive units: vector loads along them
-            idx = tl.max_contiguous(tl.multiple_of(idx, CHUNK), CHUNK)
-        if B_T:  # gathered columns of b^T [N, F]: [BLOCK_K, BLOCK_N], contiguous along K in each run
-            if B_I32:
-                b_ptrs = b_ptr + (idx[:, None] + rn[None, :] * stride_b)
+        if RUN % BLOCK_K == 0:  # one run's slab (KC is a multiple of RUN: no tail); zero-filled past N
+            id0 = tl.load(ids_ptr + blk.to(tl.int64) * stride_ids + k0)
+            if B_T:
+                b = tl.trans(b_desc.load([pid_n * BLOCK_N, id0]))
             else:
-                b_ptrs = b_ptr + idx[:, None].to(tl.int64) + rn[None, :].to(tl.int64) * stride_b
-        elif B_I32:  # row offsets fit in int32: a shorter address chain per gathered row
-            b_ptrs = b_ptr + (idx[:, None] * stride_b + rn[None, :])  # gathered rows [BLOCK_K, BLOCK_N]
+                b = b_desc.load([id0, pid_n * BLOCK_N])
         else:
-            b_ptrs = b_ptr + idx[:, None].to(tl.int64) * stride_b + rn[None, :]
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            idx = tl.load(id_ptrs, mask=k_ok, other=0)
+            if CHUNK > 1:  # ids in aligned runs of CHUNK consecutive units: vector loads along them
+                idx = tl.max_contiguous(tl.multiple_of(idx, CHUNK), CHUNK)
+            if B_T:  # gathered columns of b^T [N, F]: [BLOCK_K, BLOCK_N], contiguous along K in each run
+                if B_I32:
+                    b_ptrs = b_ptr + (idx[:, None] + rn[None, :] * stride_b)
+                else:
+                    b_ptrs = b_ptr + idx[:, None].to(tl.int64) + rn[None, :].to(tl.int64) * stride_b
+            elif B_I32:  # row offsets fit in int32: a shorter address chain per gathered row
+                b_ptrs = b_ptr + (idx[:, None] * stride_b + rn[None, :])  # gathered rows [BLOCK_K, BLOCK_N]
+            else:
+                b_ptrs = b_ptr + idx[:, None].to(tl.int64) * stride_b + rn[None, :]
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -212,37 +247,39 @@ def _gather_k_tile(
 
 @triton.autotune(
     configs=_configs(_GATHER_K_TILES),
-    key=["N", "KC", "V", "USE_TMA", "B_I32", "B_T", "CHUNK"],
+    key=["N", "KC", "V", "USE_TMA", "B_I32", "B_T", "CHUNK", "RUN"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _gather_k_kernel(
-    c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
+    c_ptr, a_desc, ids_ptr, b_ptr, b_desc, bias_ptr, out_ptr,
     T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_I32: tl.constexpr,
-    B_T: tl.constexpr, CHUNK: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr, RUN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     # Not persistent: in a flattened persistent loop (tl.range(..., flatten=True)) Triton 3.6 does
     # not pipeline the gathered rows (their addresses come from the ids load: plain synchronous
     # loads in the sm90 TTGIR), which measured 3.3x slower (bench/RESULTS.md at afb7342, 4l).
     _gather_k_tile(
-        tl.program_id(0), c_ptr, a_desc, ids_ptr, b_ptr, bias_ptr, out_ptr,
+        tl.program_id(0), c_ptr, a_desc, ids_ptr, b_ptr, b_desc, bias_ptr, out_ptr,
         T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,
-        HAS_BIAS, IEEE, USE_TMA, B_I32, B_T, CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        HAS_BIAS, IEEE, USE_TMA, B_I32, B_T, CHUNK, RUN, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )  # fmt: skip
 
 
 @triton.jit
 def _gather_n_tile(
-    tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+    tile, a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_T: tl.constexpr, CHUNK: tl.constexpr,
-    SUMS: tl.constexpr, SQ: tl.constexpr,
+    RUN: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm. B_T: bt is stored transposed (element
-    (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids. SUMS:
+    (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids. RUN > 1
+    with BLOCK_N dividing it: the tile's BLOCK_N ids are one run's consecutive units id0.., so each
+    K step's bt tile is the slab at row id0 of b_desc (B_T: column id0 of bt^T), one bulk copy. SUMS:
     sums [T/BLOCK_M, KC] float32 gets this tile's column sums of the stored (rounded) values."""
     pid_m, pid_n = _tile(tile, T, KC, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -260,6 +297,9 @@ def _gather_n_tile(
     else:
         b_ptrs = bt_ptr + idx[None, :].to(tl.int64) * stride_bt + rk[:, None]  # [BLOCK_K, BLOCK_N]
         b_step = BLOCK_K
+    id0 = 0
+    if RUN % BLOCK_N == 0:  # the tile's run's first unit
+        id0 = tl.load(ids_ptr + blk.to(tl.int64) * stride_ids + pid_n * BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = rk < K - k0
@@ -267,7 +307,13 @@ def _gather_n_tile(
             a = a_desc.load([pid_m * BLOCK_M, k0])
         else:
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if RUN % BLOCK_N == 0:  # one run's slab (KC is a multiple of RUN: no tail); zero-filled past K
+            if B_T:
+                b = b_desc.load([k0, id0])
+            else:
+                b = tl.trans(b_desc.load([id0, k0]))
+        else:
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -297,30 +343,30 @@ def _gather_n_tile(
 
 @triton.autotune(
     configs=_configs(_TILES),
-    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "SUMS", "SQ"],
+    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "RUN", "SUMS", "SQ"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _gather_n_kernel(
-    a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+    a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-    B_T: tl.constexpr, CHUNK: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr,
+    B_T: tl.constexpr, CHUNK: tl.constexpr, RUN: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         tiles = tl.cdiv(T, BLOCK_M) * tl.cdiv(KC, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
             _gather_n_tile(
-                tile, a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+                tile, a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
                 T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-                HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                HAS_R, IEEE, USE_TMA, B_T, CHUNK, RUN, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _gather_n_tile(
-            tl.program_id(0), a_ptr, a_desc, bt_ptr, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+            tl.program_id(0), a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
             T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-            HAS_R, IEEE, USE_TMA, B_T, CHUNK, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_R, IEEE, USE_TMA, B_T, CHUNK, RUN, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -366,9 +412,10 @@ def gather_k_mm(
 ) -> torch.Tensor:
     """[T, N] = per block of V rows, c[block] @ b[ids[block]] (+ bias [N]). c [T, Kc], ids [T/V, Kc], b [F, N].
 
-    ``tma``: load c through a TMA descriptor (None: see _tma). ``chunk`` > 1: every block's ids are
-    aligned runs of ``chunk`` consecutive units (neuron chunks, at multiples of chunk); then b may be
-    a transposed view (W2^T as ``w2.t()``: no copy), read in vectors along the runs."""
+    ``tma``: load c through a TMA descriptor (None: see tma_for); with ``chunk`` >= 16 also b where
+    aligned (configs whose BLOCK_K divides chunk copy each run's slab whole). ``chunk`` > 1: every
+    block's ids are aligned runs of ``chunk`` consecutive units (neuron chunks, at multiples of
+    chunk); then b may be a transposed view (W2^T as ``w2.t()``: no copy), read in vectors along the runs."""
     b_t = _check("gather_k_mm", v, "b", chunk, c=c, ids=ids, b=b)
     t, kc = c.shape
     if t % v or ids.shape != (t // v, kc):
@@ -379,12 +426,13 @@ def gather_k_mm(
     out = torch.empty(t, n, device=c.device, dtype=c.dtype)
 
     use_tma = tma_for(c, tma)
+    b_desc, run = _run_operand(b, b_t, use_tma, chunk)
     _K_STORE.load(c.device)
     _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
-        c, _a_operand(c, use_tma), ids, b, bias if bias is not None else b, out,
+        c, _a_operand(c, use_tma), ids, b, b_desc, bias if bias is not None else b, out,
         t, n, kc, v, c.stride(0), ids.stride(0), b.stride(1) if b_t else b.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma, B_I32=_i32_rows(b),
-        B_T=b_t, CHUNK=min(chunk, _MIN_ID_TILE),
+        B_T=b_t, CHUNK=min(chunk, _MIN_ID_TILE), RUN=run,
     )  # fmt: skip
     _K_STORE.save(c.device)
     return out
@@ -404,7 +452,8 @@ def gather_n_mm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
-    a [T, K], bt [F, K], ids [T/V, Kc]. ``tma``: load a through a TMA descriptor (None: see _tma).
+    a [T, K], bt [F, K], ids [T/V, Kc]. ``tma``: load a through a TMA descriptor (None: see
+    tma_for); with ``chunk`` >= 16 also bt, as in gather_k_mm (configs whose BLOCK_N divides chunk).
     ``persistent``: one program per SM walking the tiles (None: PERSISTENT_DEFAULT on CUDA).
     ``chunk``: as in gather_k_mm (bt may then be a transposed view: W2^T as ``w2.t()``).
     ``tile_sums``: also return the float32 column sums of the output over each tile of R rows,
@@ -431,15 +480,16 @@ def gather_n_mm(
     sums = torch.empty(t // _MIN_BLOCK_M, kc, device=a.device, dtype=torch.float32) if tile_sums else out
 
     use_tma = tma_for(a, tma)
+    b_desc, run = _run_operand(bt, bt_t, use_tma, chunk)
     persist = _persistent(a, persistent)
     _N_STORE.load(a.device)
     _gather_n_kernel[_grid(t, kc, a.device, persist)](
-        a, _a_operand(a, use_tma), bt, ids, r if r is not None else a, out, sums,
+        a, _a_operand(a, use_tma), bt, b_desc, ids, r if r is not None else a, out, sums,
         square_out if square_out is not None else out,
         t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),
         r.stride(0) if r is not None else 0, out.stride(0),
         HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
-        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), SUMS=tile_sums, SQ=square_out is not None,
+        B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), RUN=run, SUMS=tile_sums, SQ=square_out is not None,
     )  # fmt: skip
     _N_STORE.save(a.device)
     if not tile_sums:

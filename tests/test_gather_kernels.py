@@ -189,11 +189,13 @@ def test_rejects_bad_input(call, match):
 
 @pytest.mark.parametrize("c", [16, 32])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("i32", [True, False])
-def test_chunked_ids_read_the_weight_in_place(monkeypatch, c, dtype, i32):
+@pytest.mark.parametrize("i32, tma", [(True, False), (False, False), (True, True)])
+def test_chunked_ids_read_the_weight_in_place(monkeypatch, c, dtype, i32, tma):
     """Neuron chunks: each block's ids are aligned runs of c units, so F2 and B1 read W2 [d, h] as
-    its transposed view w2.t() (no copy; vector loads along the runs). Same products as the
-    reference on a contiguous W2^T, both address widths (i32=False: the 64-bit path, forced)."""
+    its transposed view w2.t() (no copy; vector loads along the runs), and B3 gathers W1's rows.
+    Same products as the reference on a contiguous W2^T, both address widths (i32=False: the 64-bit
+    path, forced). tma: the weight's runs copied as whole slabs through a descriptor (the
+    interpreter's 16-wide id tile divides c)."""
     if not i32:
         monkeypatch.setattr(gather_gemm_triton, "_i32_rows", lambda b: False)
     v, n, m, blocks, h, d = 16, 2, 8, 3, 512, 48
@@ -207,10 +209,13 @@ def test_chunked_ids_read_the_weight_in_place(monkeypatch, c, dtype, i32):
     w2t = w2.t()
     assert w2t.stride() == (1, h)
     want_k = gather_k_mm_ref(h_c, ids, w2t.contiguous(), v, b2)
-    _close(gather_k_mm(h_c, ids, w2t, v, b2, chunk=c), want_k, dtype)
+    _close(gather_k_mm(h_c, ids, w2t, v, b2, tma=tma, chunk=c), want_k, dtype)
     want_n = gather_n_mm_ref(dy, w2t.contiguous(), ids, v, r_c)
     for persistent in (False, True):
-        _close(gather_n_mm(dy, w2t, ids, v, r_c, persistent=persistent, chunk=c), want_n, dtype)
+        _close(gather_n_mm(dy, w2t, ids, v, r_c, tma=tma, persistent=persistent, chunk=c), want_n, dtype)
+        _close(gather_n_mm(dy, w2t.contiguous(), ids, v, r_c, tma=tma, persistent=persistent, chunk=c), want_n, dtype)
+    w1 = torch.randn(h, d, generator=g).to(DEVICE, dtype)
+    _close(gather_k_mm(h_c, ids, w1, v, tma=tma, chunk=c), gather_k_mm_ref(h_c, ids, w1, v), dtype)
 
 
 def test_transposed_weight_needs_chunked_ids():

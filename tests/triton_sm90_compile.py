@@ -126,36 +126,44 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         names = "w_ptr out_ptr mask_ptr TILE_ROWS TILE_COLS stride_w stride_o stride_m TILES WRITE_MASK"
         types = {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*i8"}
         cases.append((f"transposable 2:4 pairs {dt}", wpairs._transposable_24_pairs_kernel, _sig(names, ce, types), ce))
-    # the language is the same in every config; two tile shapes, compiled with their configs' warps
+    # the language is the same in every config; three tile shapes, compiled with their configs' warps
     # and stages, as the autotuner compiles them (gather_k's stages: _GATHER_K_TILES)
-    for cfg, k_cfg in zip(gemm._configs(gemm._TILES[:2]), gemm._configs(gemm._GATHER_K_TILES[:2]), strict=True):
-        bm, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]
+    for cfg, k_cfg in zip(gemm._configs(gemm._TILES[:3]), gemm._configs(gemm._GATHER_K_TILES[:3]), strict=True):
+        bm, bn, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"]
         assert k_cfg.kwargs == cfg.kwargs
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         launch_k = {"num_warps": k_cfg.num_warps, "num_stages": k_cfg.num_stages}
         # the contiguous operand through pointers or a TMA descriptor; one program per tile or persistent
-        # b_t: W2 read in place along runs of 64 chunk ids (the chunk path), else rows of a contiguous W2^T
-        for tma, persistent, b_t in ((False, False, False), (True, False, False), (True, True, False),
-                                     (True, False, True), (True, True, True)):  # fmt: skip
+        # b_t: W2 read in place along runs of 64 chunk ids (the chunk path), else rows of a contiguous W2^T;
+        # run 128: chunks of 128, the weight's runs copied as slabs through its descriptor (W2 in place
+        # for F2 and B1, W1's rows for B3) where the id tile divides 128 (gather_n: BLOCK_N 128 only)
+        for tma, persistent, b_t, run in ((False, False, False, 1), (True, False, False, 1), (True, True, False, 1),
+                                          (True, False, True, 1), (True, True, True, 1), (True, False, True, 128),
+                                          (True, False, False, 128), (True, True, True, 128)):  # fmt: skip
             a_desc = f"tensordesc<bf16[{bm},{bk}]>" if tma else "*bf16"
             suffix = (" TMA" if tma else "") + (" persistent" if persistent else "") + (" chunk W^T" if b_t else "")
-            chunk = {"B_T": b_t, "CHUNK": 64 if b_t else 1}
+            suffix += " slabs" if run > 1 else ""
+            chunk = {"B_T": b_t, "CHUNK": 64 if b_t or run > 1 else 1, "RUN": run}
             if not persistent:
+                k_desc = f"tensordesc<bf16[{bn},{bk}]>" if b_t else f"tensordesc<bf16[{bk},{bn}]>"
                 ce = dict(cfg.kwargs, HAS_BIAS=True, IEEE=False, USE_TMA=tma, B_I32=tma, **chunk)
-                names = "c_ptr a_desc ids_ptr b_ptr bias_ptr out_ptr T N KC V stride_c stride_ids stride_b stride_out "
-                names += "HAS_BIAS IEEE USE_TMA B_I32 B_T CHUNK BLOCK_M BLOCK_N BLOCK_K GROUP_M"
+                names = "c_ptr a_desc ids_ptr b_ptr b_desc bias_ptr out_ptr T N KC V stride_c stride_ids stride_b "
+                names += "stride_out HAS_BIAS IEEE USE_TMA B_I32 B_T CHUNK RUN BLOCK_M BLOCK_N BLOCK_K GROUP_M"
                 types = {"c_ptr": "*bf16", "a_desc": a_desc, "ids_ptr": "*i32", "b_ptr": "*bf16", "bias_ptr": "*bf16"}
-                types["out_ptr"] = "*bf16"
+                types |= {"out_ptr": "*bf16", "b_desc": k_desc if run > 1 else "*bf16"}
                 label = f"gather_k{suffix} {cfg.kwargs}"
                 cases.append((label, gemm._gather_k_kernel.fn, _sig(names, ce, types), ce, launch_k))
+            if run > 1 and (not b_t or run % bn):  # B1 reads W2 in place; its slabs need BLOCK_N | 128
+                continue
             # the chunk path's B1 also writes its row tiles' column sums (db1's first step) and H~ for B2
             ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t, SQ=b_t)
             ce |= chunk
-            names = "a_ptr a_desc bt_ptr ids_ptr r_ptr out_ptr sums_ptr sq_ptr T KC K V stride_a stride_bt stride_ids "
-            names += "stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK SUMS SQ BLOCK_M BLOCK_N BLOCK_K "
-            names += "GROUP_M"
+            names = "a_ptr a_desc bt_ptr b_desc ids_ptr r_ptr out_ptr sums_ptr sq_ptr T KC K V stride_a stride_bt "
+            names += "stride_ids stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK RUN SUMS SQ BLOCK_M "
+            names += "BLOCK_N BLOCK_K GROUP_M"
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
             types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32", "sq_ptr": "*bf16"}
+            types["b_desc"] = f"tensordesc<bf16[{bk},{bn}]>" if run > 1 else "*bf16"
             label = f"gather_n{suffix}{' sums H~' if b_t else ''} {cfg.kwargs}"
             cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce, launch))
     # N = 2 ranks the kept chunks' entries; N = 4 keeps them all (the causal 128:4:16 and 128:4:8 of bench.e2e)
@@ -172,10 +180,11 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     wgrad += [(64, False, 4, False, 128, 4), (64, True, 1, False, 256, 8)]
     wgrad += [(64, False, 1, True, 256, 4)]  # B2 (square) with units_m: 64 scalar 16-bit loads of A, not built
     wgrad = [(*case, False) for case in wgrad]
-    # through TMA descriptors: c = 64 at its default tile, c = 128 at its default (TMA, [128, 128]), and
-    # units along M
+    # through TMA descriptors: c = 64 at its default tile, c = 128 at its default (TMA, [256, 128], 5
+    # stages) and at [128, 128], and units along M
     wgrad += [(64, False, 1, False, 256, 8, True), (64, True, 1, False, 256, 8, True)]
-    wgrad += [(128, False, 1, False, 128, 4, True), (128, True, 1, False, 128, 4, True)]
+    wgrad += [(128, False, 1, False, 256, 8, True), (128, True, 1, False, 256, 8, True)]
+    wgrad += [(128, False, 1, False, 128, 4, True)]
     wgrad += [(64, False, 1, True, 256, 4, True), (128, False, 1, True, 256, 8, True)]  # B2 units x d: no TMA
     for c, square, split, units_m, block_d, warps, tma in wgrad:
         ce = {
@@ -202,7 +211,9 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
         label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
-        launch = {"num_warps": warps, "num_stages": 3}
+        stages = 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
+        label += f" s{stages}"
+        launch = {"num_warps": warps, "num_stages": stages}
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce, launch))
     ce = {"C": 64, "ENT": 32}
     types = {"part_ptr": "*fp32", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}

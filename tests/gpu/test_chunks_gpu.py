@@ -8,7 +8,7 @@ import torch
 from sparse_compile import SparsityConfig
 from sparse_compile.dispatch import GATHER
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
-from sparse_compile.kernels.gather_reference import gather_k_mm_ref, vnm_scatter_ref
+from sparse_compile.kernels.gather_reference import gather_k_mm_ref, gather_n_mm_ref, vnm_scatter_ref
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel, assert_trains_like_reference, train_gpt
@@ -61,12 +61,14 @@ def test_chunk_wgrad_matches_the_dense_product(c, tma, units_m, square, transpos
     assert _rel(got.t() if transpose else got, want) < 1e-2
 
 
-@pytest.mark.parametrize("c", [16, 32, 64])
+@pytest.mark.parametrize("c", [16, 32, 64, 128])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_gathers_read_w2_in_place(c, persistent):
-    """F2 and B1 on W2 [d, h] read in place (w2.t(), vector loads along the chunk runs) agree with the
-    same kernels on a contiguous W2^T to bf16 rounding (autotuned apart, the tiles may differ; a wrong
-    run hint reads other units' weights: an O(1) difference)."""
+    """F2 and B1 on W2 [d, h] read in place (w2.t(), vector loads along the chunk runs; at c = 128
+    each run's slab through a TMA descriptor) agree with the same kernels on a contiguous W2^T as
+    plain gathered rows to bf16 rounding (autotuned apart, the tiles may differ; a wrong run hint or
+    slab origin reads other units' weights: an O(1) difference), and B3's gather of W1's rows
+    along the runs with the reference."""
     from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
     from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 
@@ -83,6 +85,10 @@ def test_gathers_read_w2_in_place(c, persistent):
     dz = gather_n_mm(dy, w2.t(), ids, 128, r_c, persistent=persistent, chunk=c)
     assert _rel(dz, gather_n_mm(dy, w2t, ids, 128, r_c, persistent=persistent)) < 5e-3
     assert _rel(y, gather_k_mm_ref(h_c, ids, w2t, 128, b2)) < 1e-2
+    assert _rel(dz, gather_n_mm_ref(dy, w2t, ids, 128, r_c)) < 1e-2
+    w1 = torch.randn(h, d, device="cuda", generator=g).bfloat16()
+    dx = gather_k_mm(dz, ids, w1, 128, chunk=c)
+    assert _rel(dx, gather_k_mm_ref(dz, ids, w1, 128)) < 1e-2
 
 
 @pytest.mark.parametrize("h,c", [(4096, 64), (8192, 64), (8192, 32), (12288, 64)])
@@ -162,10 +168,10 @@ def test_b1_tile_sums_give_db1_at_full_size(persistent):
     assert _rel(dz_sq, dz) < 5e-3 and _rel(sums_sq, sums) < 5e-3  # tuned apart: tiles may differ
 
 
-@pytest.mark.parametrize("chunk", [32, 64])
+@pytest.mark.parametrize("activations,chunk", [("128:2:16", 32), ("128:2:16", 64), ("128:4:16", 128)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_chunk_op_matches_reference_op_and_oracle(chunk, dtype):
-    config = SparsityConfig(activations="128:2:16", chunk=chunk)
+def test_chunk_op_matches_reference_op_and_oracle(activations, chunk, dtype):
+    config = SparsityConfig(activations=activations, chunk=chunk)
     leaves = ffn_leaves(2, dtype)
     ops = torch.ops.sparse_compile
     outs = {}
