@@ -58,37 +58,42 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-# (BLOCK_D, BLOCK_K, warps, stages, split, units_m, tma): units_m puts the chunk's c units along the
-# MMA's M; tma loads both operands through TMA descriptors (sm90), else through pointer tiles
+# (BLOCK_D, BLOCK_K, warps, stages, split, units_m, tma, group_d): units_m puts the chunk's c units
+# along the MMA's M; tma loads both operands through TMA descriptors (sm90), else through pointer
+# tiles; group_d: D tiles per chunk back to back (None: the default, all of them)
 SWEEP = [
-    (256, 64, 8, 3, 1, False, False),
-    (256, 64, 8, 3, 2, False, False),
-    (256, 64, 8, 3, 4, False, False),
-    (128, 64, 4, 3, 1, False, False),
-    (128, 64, 4, 3, 2, False, False),
-    (128, 128, 8, 3, 1, False, False),
-    (64, 128, 4, 4, 1, False, False),
-    (256, 64, 4, 3, 1, True, False),
-    (128, 64, 4, 3, 1, True, False),
-    (256, 64, 8, 3, 1, False, True),
-    (256, 64, 8, 4, 1, False, True),
-    (256, 64, 8, 2, 1, False, True),
-    (128, 64, 4, 4, 1, False, True),
+    (256, 64, 8, 3, 1, False, False, None),
+    (256, 64, 8, 3, 2, False, False, None),
+    (256, 64, 8, 3, 4, False, False, None),
+    (128, 64, 4, 3, 1, False, False, None),
+    (128, 64, 4, 3, 2, False, False, None),
+    (128, 128, 8, 3, 1, False, False, None),
+    (64, 128, 4, 4, 1, False, False, None),
+    (256, 64, 4, 3, 1, True, False, None),
+    (128, 64, 4, 3, 1, True, False, None),
+    (256, 64, 8, 3, 1, False, True, None),
+    (256, 64, 8, 4, 1, False, True, None),
+    (256, 64, 8, 2, 1, False, True, None),
+    (128, 64, 4, 4, 1, False, True, None),
     # Triton 3.6, sm90 build with 16-divisible shapes: at 4 stages the 128 x 128 tile keeps 2 buffers of
     # its A and B tiles (65.6 KB: 3 programs per SM by shared memory, 154 registers), at 5-6 stages 3
-    # (98.4 KB: 2 per SM), at 7-8 stages 4 (131 KB: 1 per SM); the default c = 128 tile (4 stages)
-    # pipelines 2 deep
-    (128, 64, 4, 5, 1, False, True),
-    (128, 64, 4, 7, 1, False, True),
-    (128, 128, 4, 4, 1, False, True),
-    (128, 128, 4, 5, 1, False, True),
-    (256, 64, 8, 5, 1, False, True),
-    (128, 64, 8, 4, 1, False, True),
-    (128, 128, 8, 3, 1, False, True),
-    (256, 64, 4, 3, 1, True, True),
-    (256, 64, 4, 4, 1, True, True),
-    (256, 64, 8, 3, 1, True, True),
-    (128, 64, 4, 4, 1, True, True),
+    # (98.4 KB: 2 per SM), at 7-8 stages 4 (131 KB: 1 per SM); the [256, 128] tile keeps 3 at 5 stages
+    # (144 KB: 1 per SM)
+    (128, 64, 4, 5, 1, False, True, None),
+    (128, 64, 4, 7, 1, False, True, None),
+    (128, 128, 4, 4, 1, False, True, None),
+    (128, 128, 4, 5, 1, False, True, None),
+    (256, 64, 8, 5, 1, False, True, None),
+    (256, 64, 8, 5, 1, False, True, 1),
+    (256, 64, 8, 5, 1, False, True, 2),
+    (256, 64, 8, 5, 1, False, True, 4),
+    (256, 64, 8, 6, 1, False, True, None),
+    (128, 64, 8, 4, 1, False, True, None),
+    (128, 128, 8, 3, 1, False, True, None),
+    (256, 64, 4, 3, 1, True, True, None),
+    (256, 64, 4, 4, 1, True, True, None),
+    (256, 64, 8, 3, 1, True, True, None),
+    (128, 64, 4, 4, 1, True, True, None),
 ]
 
 
@@ -167,9 +172,9 @@ def measure(
     if sweep:  # tilings of the B2 and B4 kernels (SWEEP); the check: relative error against the dense product
         for name, a, b, square, transpose in (("B2", h_c, dy, False, True), ("B4", dz_c, x, False, False)):
             want = vnm_scatter_ref(a * a if square else a, ids, v, h).t() @ b
-            for bd, bk, w, st, sp, um, tma in SWEEP:
+            for bd, bk, w, st, sp, um, tma, gd in SWEEP:
                 kw = dict(square=square, transpose=transpose, csr=csr, block_d=bd, block_k=bk, num_warps=w)
-                kw.update(num_stages=st, split=sp, units_m=um, tma=tma)
+                kw.update(num_stages=st, split=sp, units_m=um, tma=tma, group_d=gd)
                 try:
                     got = chunk_wgrad(a, ids, b, v, c, h, **kw)
                     check = f"rel {_rel(got.t() if transpose else got, want):.1e}"
@@ -177,7 +182,16 @@ def measure(
                 except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) is a row too
                     check, ms = f"{type(e).__name__}", float("nan")
                 tile = f"{name} tiling {'units x ' if um else ''}{bd}x{bk} w{w} s{st} split {sp}{' TMA' if tma else ''}"
+                tile += f" group {gd}" if gd else ""
                 rows.append({**label, "kernel": tile, "ms": ms, "check": check})
+            # the default tile with the chunks in id order (no longest-first), D tiles outer or inner
+            ident = torch.arange(h // c, device="cuda", dtype=torch.int32)
+            for gd, what in ((1, "D tiles outer"), (None, "D tiles inner")):
+                kw = dict(square=square, transpose=transpose, csr=csr, order=ident, group_d=gd)
+                got = chunk_wgrad(a, ids, b, v, c, h, **kw)
+                ms = _ms(lambda a=a, b=b, kw=kw: chunk_wgrad(a, ids, b, v, c, h, **kw))
+                check = f"rel {_rel(got.t() if transpose else got, want):.1e}"
+                rows.append({**label, "kernel": f"{name} chunk-id order, {what}", "ms": ms, "check": check})
     # F2 and B1 read W2 [d, h] in place along the chunk runs (w2.t()): against the same GEMM on a
     # contiguous W2^T, copy included (what the chunk path ran before); check: relative difference
     w2 = (torch.randn(d, h, device="cuda", generator=g) * d**-0.5).bfloat16()

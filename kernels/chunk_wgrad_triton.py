@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from sparse_compile.kernels.gather_gemm_triton import sm_count, tma_for
+from sparse_compile.kernels.gather_gemm_triton import _tile, sm_count, tma_for
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -104,18 +104,22 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
 
 @triton.jit
 def _chunk_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, D, H, V, stride_a, stride_b,
+    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr, D, H, V, stride_a, stride_b,
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr,
+    SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr, GROUP_D: tl.constexpr,
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
     out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
     MMA's M), else [BLOCK_D, C] += B^T A. USE_TMA: a_ptr and b_ptr are TMA descriptors of A [T, Kc]
     ([BLOCK_K, C] tiles) and B [T, D] ([BLOCK_K, BLOCK_D] tiles, zero-filled past D): each K step is
-    two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in registers."""
-    chunk = tl.program_id(0)
-    dd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in registers.
+    Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2), chunks in
+    ``order_ptr``'s order (most kept blocks first: the longest programs start first), then the
+    next GROUP_D D tiles."""
+    d_tile, rank = _tile(tl.program_id(0), D, H, BLOCK_D, C, GROUP_D)
+    chunk = tl.load(order_ptr + rank)
+    dd = d_tile * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
     oc = tl.arange(0, C)
     ok = tl.arange(0, BLOCK_K)
@@ -140,7 +144,7 @@ def _chunk_wgrad_kernel(
         col = tl.multiple_of(tl.load(cols_ptr + e), C)
         if USE_TMA:
             a = a_ptr.load([row0, col])  # [BLOCK_K, C]
-            b = b_ptr.load([row0, tl.program_id(1) * BLOCK_D])  # [BLOCK_K, BLOCK_D]
+            b = b_ptr.load([row0, d_tile * BLOCK_D])  # [BLOCK_K, BLOCK_D]
         else:
             rows = (row0.to(tl.int64) if I64 else row0) + ok
             a = tl.load(a_ptr + rows[:, None] * stride_a + col + oc[None, :])  # [BLOCK_K, C]
@@ -235,6 +239,13 @@ def chunk_colsum(
     return db
 
 
+def chunk_order(offsets: torch.Tensor) -> torch.Tensor:
+    """int32 [h/c]: the chunks by how many blocks keep them, most first (ties by chunk id), from
+    chunk_csr's offsets: chunk_wgrad starts its longest programs first, so none of them is left
+    for the last wave (longest-processing-time-first)."""
+    return torch.argsort(offsets.diff(), descending=True, stable=True).to(torch.int32)
+
+
 def chunk_wgrad_supports(v: int, c: int) -> bool:
     """Whether the kernel takes chunks of c units in blocks of V tokens: c a power of two >= 16
     (the tensor-core tile's N), V a multiple of 16."""
@@ -262,6 +273,8 @@ def chunk_wgrad(
     square: bool = False,
     transpose: bool = False,
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    order: torch.Tensor | None = None,
+    group_d: int | None = None,
     block_d: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -273,6 +286,8 @@ def chunk_wgrad(
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
+    ``order``: chunk_order(csr[0]), if built (the op builds it once for B2 and B4). ``group_d``: D
+    tiles per chunk run back to back (None: all of them on CUDA, see the note at the launch).
     ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
     ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c].
     Off by default: on an H100 at (16384, 2048, 8192), c = 64, B4 took 0.412-0.415 ms against 0.416
@@ -288,6 +303,7 @@ def chunk_wgrad(
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
+    order = chunk_order(offsets) if order is None else order
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
     # H100, bench.chunk_kernels --sweep (bench/RESULTS.md section 2). c = 64: BLOCK_D 256, 8 warps
@@ -310,7 +326,8 @@ def chunk_wgrad(
         raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
     i64 = max(a.shape[0] * a.stride(0), b.shape[0] * b.stride(0)) >= 2**31
     tiles = (h // c) * triton.cdiv(d, block_d)
-    split = split_for(tiles, a.device) if split is None else split
+    # the wide tile runs one program per SM (shared memory): split only under two waves of it
+    split = split_for(tiles, a.device, per_sm=2 if wide else 4) if split is None else split
     if split < 1:
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
     dst = out if split == 1 else torch.empty((split, out.numel()), device=a.device, dtype=torch.float32)
@@ -321,10 +338,11 @@ def chunk_wgrad(
     use_tma = tma_for(a, tma) and tma_for(b, tma)
     a_src = TensorDescriptor.from_tensor(a, [block_k, c]) if use_tma else a
     b_src = TensorDescriptor.from_tensor(b, [block_k, block_d]) if use_tma else b
-    _chunk_wgrad_kernel[(h // c, triton.cdiv(d, block_d), split)](
-        a_src, b_src, dst, offsets, blocks, cols, d, h, v, a.stride(0), b.stride(0),
+    group_d = group_d or triton.cdiv(d, block_d)
+    _chunk_wgrad_kernel[(tiles, 1, split)](
+        a_src, b_src, dst, offsets, blocks, cols, order, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma,
+        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
         num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip

@@ -27,7 +27,13 @@ import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
-from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum, chunk_csr, chunk_wgrad, chunk_wgrad_supports
+from sparse_compile.kernels.chunk_wgrad_triton import (
+    chunk_colsum,
+    chunk_csr,
+    chunk_order,
+    chunk_wgrad,
+    chunk_wgrad_supports,
+)
 from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatter
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
@@ -118,9 +124,10 @@ def sqrelu_ffn_backward_gather(
         dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
-        dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr)
+        order = chunk_order(csr[0])
+        dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr, order=order)
         del h_c
-        dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr)
+        dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v, chunk=chunk)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
         return dx, dw1, db1, dw2, dy.sum(0)

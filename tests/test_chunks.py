@@ -141,6 +141,40 @@ def test_weight_grad_kernel_matches_reference(interpreter, dtype, tol, units_m, 
         chunk_wgrad(r_c, ids, b, v, 8, h)
 
 
+def test_chunk_order_puts_the_most_kept_chunks_first():
+    """Longest programs first: chunks by how many blocks keep them, descending, ties by chunk id."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr_ref, chunk_order
+
+    torch.manual_seed(4)
+    t, h, v, n, m, c = 512, 512, 16, 2, 8, 16
+    z = torch.randn(t, h) * torch.linspace(0.2, 3.0, h)[torch.randperm(h)]  # uneven popularity
+    _, _, ids = vnm_compact_ref(z, None, v, n, m, c)
+    offsets = chunk_csr_ref(ids, c, h)[0]
+    kept = offsets.diff().tolist()
+    want = sorted(range(h // c), key=lambda j: (-kept[j], j))
+    got = chunk_order(offsets)
+    assert got.dtype == torch.int32 and got.tolist() == want
+    assert len(set(kept)) > 2  # the order is not the identity by accident
+
+
+@pytest.mark.parametrize("group_d", [1, 2, None])
+def test_weight_grad_kernel_any_program_order_gives_the_same_product(interpreter, group_d):
+    """The program order (chunks in any order, D tiles grouped by 1, 2 or all) changes which program
+    runs when, never a value: each output tile is one program's sum in the same K order."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_order, chunk_wgrad, chunk_wgrad_ref
+
+    torch.manual_seed(5)
+    t, h, d, v, n, m, c = 128, 256, 80, 32, 2, 8, 16
+    z = torch.randn(t, h) * torch.linspace(0.2, 3.0, h)
+    _, r_c, ids = vnm_compact_ref(z.half(), None, v, n, m, c)
+    b = torch.randn(t, d).half()
+    want = chunk_wgrad_ref(r_c, ids, b, v, h).float()
+    default = chunk_wgrad(r_c, ids, b, v, c, h, group_d=group_d)
+    assert (default.float() - want).norm() / want.norm() < 2e-3
+    reverse = chunk_order(chunk_csr(ids, c, h)[0]).flip(0).contiguous()
+    assert torch.equal(chunk_wgrad(r_c, ids, b, v, c, h, order=reverse, group_d=group_d), default)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("v,c", [(32, 16), (16, 32), (48, 16)])
 def test_colsum_kernel_matches_the_scattered_sum(interpreter, dtype, v, c):

@@ -199,16 +199,17 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "SPLIT": split,
             "UNITS_M": units_m,
             "USE_TMA": tma,
+            "GROUP_D": 12,
         }
-        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA"
+        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr order_ptr D H V stride_a stride_b "
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D"
         types = (
             {"a_ptr": f"tensordesc<bf16[64,{c}]>", "b_ptr": f"tensordesc<bf16[64,{block_d}]>"}
             if tma
             else {"a_ptr": "*bf16", "b_ptr": "*bf16"}
         )
         types["out_ptr"] = "*bf16" if split == 1 else "*fp32"
-        types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
+        types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
         label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
         stages = 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
