@@ -186,7 +186,7 @@ def measure(
                 rows.append({**label, "kernel": tile, "ms": ms, "check": check})
             # the default tile with the chunks in id order (no longest-first), D tiles outer or inner
             ident = torch.arange(h // c, device="cuda", dtype=torch.int32)
-            for gd, what in ((1, "D tiles outer"), (None, "D tiles inner")):
+            for gd, what in ((1, "D tiles outer"), (None, "default D grouping")):
                 kw = dict(square=square, transpose=transpose, csr=csr, order=ident, group_d=gd)
                 got = chunk_wgrad(a, ids, b, v, c, h, **kw)
                 ms = _ms(lambda a=a, b=b, kw=kw: chunk_wgrad(a, ids, b, v, c, h, **kw))

@@ -286,8 +286,9 @@ def chunk_wgrad(
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
-    ``order``: chunk_order(csr[0]), if built (the op builds it once for B2 and B4). ``group_d``: D
-    tiles per chunk run back to back (None: all of them on CUDA, see the note at the launch).
+    ``order``: the chunks' program order, int32 [h/c] (None: chunk_order(csr[0]) for the c >= 128
+    tile on CUDA, else chunk-id order; the op builds it once for B2 and B4). ``group_d``: D tiles
+    per chunk back to back (None: 4 for the c >= 128 tile, else 1; see the note at the launch).
     ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
     ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c].
     Off by default: on an H100 at (16384, 2048, 8192), c = 64, B4 took 0.412-0.415 ms against 0.416
@@ -303,7 +304,6 @@ def chunk_wgrad(
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
-    order = chunk_order(offsets) if order is None else order
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
     # H100, bench.chunk_kernels --sweep (bench/RESULTS.md section 2). c = 64: BLOCK_D 256, 8 warps
@@ -338,7 +338,14 @@ def chunk_wgrad(
     use_tma = tma_for(a, tma) and tma_for(b, tma)
     a_src = TensorDescriptor.from_tensor(a, [block_k, c]) if use_tma else a
     b_src = TensorDescriptor.from_tensor(b, [block_k, block_d]) if use_tma else b
-    group_d = group_d or triton.cdiv(d, block_d)
+    # Program order of the c >= 128 tile (H100, 128:4:16 at (16384, 3072, 12288), bench.chunk_kernels
+    # --sweep): 4 D tiles per chunk back to back, chunks most-kept first, 0.535-0.540 ms with random
+    # Z against 0.637-0.640 in chunk-id order with D tiles outer (each chunk's A slab re-read once
+    # per D tile from DRAM) and 0.572 with all 12 D tiles inner; with skewed popularity (--skew 1)
+    # 0.597-0.601 against 0.583-0.592 and 0.604-0.606. Other tiles keep chunk-id order, D tiles outer
+    if order is None:
+        order = chunk_order(offsets) if wide else torch.arange(h // c, device=a.device, dtype=torch.int32)
+    group_d = group_d or (4 if wide else 1)
     _chunk_wgrad_kernel[(tiles, 1, split)](
         a_src, b_src, dst, offsets, blocks, cols, order, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,

@@ -124,7 +124,7 @@ def sqrelu_ffn_backward_gather(
         dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
         hidden = w1.shape[0]
         csr = chunk_csr(ids, chunk, hidden)
-        order = chunk_order(csr[0])
+        order = chunk_order(csr[0]) if chunk >= 128 else None  # the wide tile's program order, once
         dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr, order=order)
         del h_c
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
