@@ -178,7 +178,7 @@ PRESETS: dict[str, SparsityConfig] = {
     # The default, chosen by measurement (bench/RESULTS.md sections 2 and 6): each 128-token block
     # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the previous block; a site
     # whose hidden size is not a multiple of 2048 takes the largest chunk of 64, 32 or 16 that fits
-    # (passes/legality.fit_chunk). 1.330x a dense step at 1.3B (H100), 1.394x at 2.7B (H200); with
+    # (passes/legality.fit_chunk). 1.374x a dense step at 1.3B (H100), 1.413x at 2.7B (H200); with
     # 65% of the run dense at the end (PhaseSchedule.from_fractions' default), the 126M main job ends
     # +0.43% +- 0.20% from dense over 5 paired seeds (+1.32% +- 0.25% with 50% dense).
     "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True),

@@ -75,8 +75,8 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    files = {"1.3B, H100": ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default"),
-             "2.7B, H200": ("h200_e2e_3b_default_e6b9fbc_e2e.csv", "default")}  # fmt: skip
+    files = {"1.3B, H100": ("h100_e2e_1.3b_default_00e6ee6_e2e.csv", "default"),
+             "2.7B, H200": ("h200_e2e_3b_default_00e6ee6_e2e.csv", "default")}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, label) in files.items():
         row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == label)
@@ -161,24 +161,19 @@ def test_speed_quality_table_is_the_measured_csvs():
         "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_final-dense-0.5_5pairs_4aa3935-1eb8bb5.csv",
     )
     res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job at peak lr 1e-3
-    e2e_new = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "default")
+    e2e_new = ("h100_e2e_1.3b_default_00e6ee6_e2e.csv", "default")
+    e2e_half = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half")  # before the TMA slabs
     lr5 = "h100_125m-d1024_2400steps_seeds_{}_lr-5e-4_lr-warmup-0.5_final-dense-{}.csv"  # the main job, peak 5e-4
     sources[(f"default (`{CHUNK128}`)", "10% / 65%")] = (e2e_new, MAIN_JOB)
     sources[("default", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
-    sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (
-        (e2e_new[0], "chunked-half"),
-        lr5.format("chunked-half", "0.5_e6b9fbc"),
-    )
+    sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
     lr1 = "default, peak lr 1e-3"
     sources[(lr1, "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
     sources[(lr1, "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
     window = "h100_125m-d1024_2400steps_seeds_chunked_lr-warmup-0.5_warmup-{}_final-dense-{}_1e138ac.csv"
     for warm, tail in ((0.05, 0.55), (0.0, 0.6), (0.3, 0.3), (0.4, 0.2)):  # the 40% sparse window moved
         sources[(lr1, f"{warm:.0%} / {tail:.0%}")] = (e2e_new, window.format(warm, tail))
-    sources[("`chunked-half`, peak lr 1e-3", "10% / 50%")] = (
-        (e2e_new[0], "chunked-half"),
-        res_new.format("chunked-half", "0.5_3fb3d2b"),
-    )
+    sources[("`chunked-half`, peak lr 1e-3", "10% / 50%")] = (e2e_half, res_new.format("chunked-half", "0.5_3fb3d2b"))
     header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
     table = _table_after(README, header)[2:]
     assert len(table) == len(sources)
