@@ -108,6 +108,7 @@ def _chunk_wgrad_kernel(
     C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr, GROUP_D: tl.constexpr,
+    ORDERED: tl.constexpr,
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
     out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
@@ -115,10 +116,10 @@ def _chunk_wgrad_kernel(
     ([BLOCK_K, C] tiles) and B [T, D] ([BLOCK_K, BLOCK_D] tiles, zero-filled past D): each K step is
     two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in registers.
     Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2), chunks in
-    ``order_ptr``'s order (most kept blocks first: the longest programs start first), then the
-    next GROUP_D D tiles."""
+    ``order_ptr``'s order with ORDERED (most kept blocks first: the longest programs start first),
+    else in chunk-id order, then the next GROUP_D D tiles."""
     d_tile, rank = _tile(tl.program_id(0), D, H, BLOCK_D, C, GROUP_D)
-    chunk = tl.load(order_ptr + rank)
+    chunk = tl.load(order_ptr + rank) if ORDERED else rank
     dd = d_tile * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
     oc = tl.arange(0, C)
@@ -246,6 +247,17 @@ def chunk_order(offsets: torch.Tensor) -> torch.Tensor:
     return torch.argsort(offsets.diff(), descending=True, stable=True).to(torch.int32)
 
 
+def default_order(offsets: torch.Tensor, c: int, units_m: bool = False) -> torch.Tensor | None:
+    """chunk_wgrad's program order when none is given: chunk_order(offsets) for the c >= 128 tile on
+    CUDA, else None (chunk-id order, nothing built). The op calls it once for B2 and B4."""
+    return chunk_order(offsets) if _wide(c, offsets.device, units_m) else None
+
+
+def _wide(c: int, device: torch.device, units_m: bool) -> bool:
+    """Whether chunk_wgrad runs its c >= 128 tile: [256, 128], 5 stages, TMA, grouped and ordered."""
+    return c >= 128 and device.type == "cuda" and not units_m
+
+
 def chunk_wgrad_supports(v: int, c: int) -> bool:
     """Whether the kernel takes chunks of c units in blocks of V tokens: c a power of two >= 16
     (the tensor-core tile's N), V a multiple of 16."""
@@ -286,8 +298,8 @@ def chunk_wgrad(
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
     c must be >= 16 and a power of two, V a multiple of 16. ``csr``: chunk_csr(ids, c, h), if built.
-    ``order``: the chunks' program order, int32 [h/c] (None: chunk_order(csr[0]) for the c >= 128
-    tile on CUDA, else chunk-id order; the op builds it once for B2 and B4). ``group_d``: D tiles
+    ``order``: the chunks' program order, int32 [h/c] (None: default_order(csr[0], c, units_m); the
+    op builds it once for B2 and B4). ``group_d``: D tiles
     per chunk back to back (None: 4 for the c >= 128 tile, else 1; see the note at the launch).
     ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
     ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c].
@@ -315,7 +327,7 @@ def chunk_wgrad(
     # 0.270 against 0.317 at (16384, 2048, 8192); the same tile at 3 or 4 stages (2 buffers, two
     # programs per SM) 0.916 / 0.408 (bench/RESULTS.md section 4, the c = 128 tilings)
     cuda = a.device.type == "cuda"
-    wide = c >= 128 and cuda and not units_m
+    wide = _wide(c, a.device, units_m)
     block_d = block_d or (32 if not cuda else 256)
     num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
     num_stages = num_stages or (5 if wide else 3)
@@ -343,13 +355,14 @@ def chunk_wgrad(
     # Z against 0.637-0.640 in chunk-id order with D tiles outer (each chunk's A slab re-read once
     # per D tile from DRAM) and 0.572 with all 12 D tiles inner; with skewed popularity (--skew 1)
     # 0.597-0.601 against 0.583-0.592 and 0.604-0.606. Other tiles keep chunk-id order, D tiles outer
-    if order is None:
-        order = chunk_order(offsets) if wide else torch.arange(h // c, device=a.device, dtype=torch.int32)
+    order = default_order(offsets, c, units_m) if order is None else order
     group_d = group_d or (4 if wide else 1)
+    order_arg = offsets if order is None else order  # any int32 pointer: the kernel reads it only when ORDERED
     _chunk_wgrad_kernel[(tiles, 1, split)](
-        a_src, b_src, dst, offsets, blocks, cols, order, d, h, v, a.stride(0), b.stride(0),
+        a_src, b_src, dst, offsets, blocks, cols, order_arg, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
         I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
+        ORDERED=order is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip

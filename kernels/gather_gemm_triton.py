@@ -109,10 +109,15 @@ def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]
     ]
 
 
+def _tma_aligned(t: torch.Tensor) -> bool:
+    """Whether ``t`` (row-major) has the 16-byte aligned base and row stride TMA requires."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
 def tma_for(t: torch.Tensor, tma: bool | None) -> bool:
     """Whether to load ``t`` (row-major) through a TMA descriptor: asked for, or (None) on sm90+
     when its base and row stride are 16-byte aligned, as TMA requires."""
-    aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    aligned = _tma_aligned(t)
     if tma is None:
         return TMA_DEFAULT and aligned and t.is_cuda and torch.cuda.get_device_capability(t.device) >= (9, 0)
     if tma and not aligned:
@@ -133,8 +138,7 @@ def _run_operand(b: torch.Tensor, transposed: bool, use_tma: bool, chunk: int):
     tile (gather_k's BLOCK_K, gather_n's BLOCK_N) divides the run loads one contiguous slab per tile
     through it at the run's first id, no per-row addresses. Else (b itself, 1): gathered rows."""
     store = b.t() if transposed else b
-    aligned = store.data_ptr() % 16 == 0 and (store.stride(0) * store.element_size()) % 16 == 0
-    if SLABS_DEFAULT and use_tma and chunk >= 16 and aligned:
+    if SLABS_DEFAULT and use_tma and chunk >= 16 and _tma_aligned(store):
         return TensorDescriptor.from_tensor(store, [16, 16]), chunk
     return b, 1
 

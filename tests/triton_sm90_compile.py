@@ -200,9 +200,10 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "UNITS_M": units_m,
             "USE_TMA": tma,
             "GROUP_D": 12,
+            "ORDERED": c >= 128,
         }
         names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr order_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D"
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D ORDERED"
         types = (
             {"a_ptr": f"tensordesc<bf16[64,{c}]>", "b_ptr": f"tensordesc<bf16[64,{block_d}]>"}
             if tma
