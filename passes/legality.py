@@ -34,6 +34,20 @@ def compute_dtype(match: FFNMatch) -> torch.dtype:
     return example_value(match.first).dtype
 
 
+def weights_cast_inside(match: FFNMatch, config: SparsityConfig) -> bool:
+    """Whether the op gets the float32 weights and biases and casts them to the compute dtype itself
+    (dense weights under autocast): its backward then keeps the float32 parameters, which are alive
+    anyway, instead of bfloat16 copies (2 bytes per weight element per site). 2:4 weights are cast
+    outside: their masked copy is not a parameter."""
+    dtype = compute_dtype(match)
+    params = [example_value(n) for n in (match.w1, match.b1, match.w2, match.b2) if n is not None]
+    return (
+        config.weights is None
+        and dtype != torch.float32
+        and all(v is not None and v.dtype == torch.float32 for v in params)
+    )
+
+
 def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     """Why ``match`` must stay dense under ``config``, or None if it can run sparse."""
     names = ("x", "w1", "w2", "first", "relu", "square", "second")
@@ -122,6 +136,8 @@ def site_note(match: FFNMatch, config: SparsityConfig) -> str:
     cast = ""
     if any(v is not None and v.dtype != dtype for v in inputs):
         cast = f"inputs cast to {_dtype_name(dtype)} as autocast does"
+        if weights_cast_inside(match, config):
+            cast += f" (the weights inside the op: backward keeps the float32 ones, no {_dtype_name(dtype)} copies)"
     if pattern is None or pattern[0] == 1 or x is None:
         return cast
     tokens = math.prod(x.shape[:-1])

@@ -15,7 +15,7 @@ from torch.fx import Node
 import sparse_compile.ops  # noqa: F401  (registers torch.ops.sparse_compile)
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes.find_ffn import FFNMatch
-from sparse_compile.passes.legality import compute_dtype, example_value
+from sparse_compile.passes.legality import compute_dtype, example_value, weights_cast_inside
 
 _COPIED_META = ("stack_trace", "nn_module_stack")
 
@@ -57,6 +57,10 @@ def rewrite_site(
             return node
         return _add(graph, torch.Tensor.to, (node, dtype), match.first, fake_mode)
 
+    # float32 weights and biases of dense-weight sites go in as they are: the op casts them, so its
+    # backward keeps the parameters themselves, not compute-dtype copies (legality.weights_cast_inside)
+    param = (lambda node: node) if weights_cast_inside(match, config) else cast
+
     def weight(w: Node) -> Node:
         if config.weights is not None:
             if w not in sparse_weights:  # the mask comes from the master weight, before any cast
@@ -65,13 +69,13 @@ def rewrite_site(
                     graph, op, (w, config.weights, float(config.masked_decay)), match.first, fake_mode
                 )
             w = sparse_weights[w]
-        return cast(w)
+        return param(w)
 
     if op_name == "linear_24":
         return _rewrite_linears(match, weight, cast, algs, fake_mode)
     with graph.inserting_before(match.second):
         w1, w2 = weight(match.w1), weight(match.w2)
-        args = (cast(match.x), w1, cast(match.b1), w2, cast(match.b2), config.op_spec() + spec_suffix)
+        args = (cast(match.x), w1, param(match.b1), w2, param(match.b2), config.op_spec() + spec_suffix)
         op = getattr(torch.ops.sparse_compile, op_name).default
         ffn = _add(graph, op, args, match.second, fake_mode)
         out = _add(graph, operator.getitem, (ffn, 0), match.second, fake_mode)

@@ -112,3 +112,32 @@ def test_op_rejects_integer_tensors():
     x = torch.randint(0, 4, (64, 32))
     with pytest.raises(ValueError, match=r"x.dtype=torch.int64"):
         torch.ops.sparse_compile.sqrelu_ffn(x, x[:8].T.contiguous(), None, x[:8], None, CONFIGS["venom"].op_spec())
+
+
+@pytest.mark.parametrize("config", ["act64:2:8", "act24"])
+def test_float32_weights_are_cast_inside_and_kept_for_backward(config):
+    """x in bf16 with float32 weights (what the rewrite passes under autocast): the same output and,
+    in float32, the same gradients as the op on weights cast beforehand, bit for bit; and what
+    autograd keeps for backward is the float32 parameters themselves, no bf16 copies of them."""
+    x, *params = _inputs((256,))  # x [256, 32]: no parameter's shape
+    x = x.bfloat16()
+    spec = CONFIGS[config].op_spec()
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    outs = {}
+    for label, cast in (("inside", lambda p: p), ("outside", lambda p: p.bfloat16())):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, *params)]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y, _ = torch.ops.sparse_compile.sqrelu_ffn(leaves[0], *(cast(p) for p in leaves[1:]), spec)
+        if label == "inside":
+            kept = [t for t in saved if t.dim() == 2 and t.shape in {p.shape for p in params}]
+            assert kept and all(t.dtype == torch.float32 for t in kept)
+            assert {t.data_ptr() for t in kept} == {leaves[1].data_ptr(), leaves[3].data_ptr()}
+        y.float().pow(2).sum().backward()
+        outs[label] = (y, *(t.grad for t in leaves))
+    for a, b in zip(outs["inside"], outs["outside"], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

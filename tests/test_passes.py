@@ -163,3 +163,25 @@ def test_chain_cut_by_a_graph_boundary_says_so():
     assert len(report.sparse_sites) == 0
     (site,) = report.dense_sites
     assert "relu is an output of this graph" in site.record.reason and "optimize_ddp" in site.record.reason
+
+
+@pytest.mark.parametrize("preset, inside", [({"activations": "64:2:8"}, True), ("venom", False)])
+def test_autocast_float32_weights_go_into_the_op_uncast(preset, inside):
+    """Under autocast, dense-weight sites pass the float32 parameters into the op (it casts them, and
+    its backward keeps the parameters, not bf16 copies); 2:4 weights are cast outside, as before."""
+    model = ffn_zoo.TorchReluSquare()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (gm,) = dynamo_graphs(model, torch.randn(64, ffn_zoo.D))
+    config = SparsityConfig(**preset) if isinstance(preset, dict) else SparsityConfig.preset(preset)
+    (record,) = sparsify_ffns(gm, config)
+    assert record.sparse and "cast to bfloat16" in record.reason
+    assert ("backward keeps the float32 ones" in record.reason) == inside
+    (op,) = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and "sparse_compile" in str(n.target) and "sparsify_weight" not in str(n.target)
+    ]
+    x, w1, b1, w2, b2 = op.args[:5]
+    assert x.meta["example_value"].dtype == torch.bfloat16
+    for w in (w1, b1, w2, b2):
+        assert w.meta["example_value"].dtype == (torch.float32 if inside else torch.bfloat16)

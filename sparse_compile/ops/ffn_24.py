@@ -10,7 +10,16 @@ import math
 
 import torch
 
-from sparse_compile.ops.spec import OpSpec, check_inputs, ffn_autograd, ffn_setup, grads_like, parse_spec
+from sparse_compile.ops.spec import (
+    OpSpec,
+    check_inputs,
+    ffn_autograd,
+    ffn_setup,
+    grads_in_dtype,
+    grads_like,
+    in_dtype,
+    parse_spec,
+)
 
 
 def _act24_of(spec: str, tokens: int) -> OpSpec:
@@ -33,7 +42,8 @@ def sqrelu_ffn_24(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from sparse_compile.kernels.ffn_act24 import sqrelu_ffn_forward_24  # Triton: imported when used
 
-    check_inputs(x, w1, w2)
+    check_inputs(x, w1, w2, b1, b2)
+    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
     x2 = x.reshape(-1, x.shape[-1])
     op = _act24_of(spec, x2.shape[0])
     y, r_buf = sqrelu_ffn_forward_24(x2, w1, b1, w2, b2, op.act24_alg, op.f1_alg)
@@ -56,8 +66,11 @@ def sqrelu_ffn_24_backward(
     x2 = x.reshape(-1, x.shape[-1])
     op = _act24_of(spec, x2.shape[0])
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_24(dy2, x2, w1, w2, r_buf, op.act24_alg, op.weight_grad, op.dense_frac)
-    return dx.reshape(x.shape), dw1, db1, dw2, db2
+    w1c, w2c = in_dtype(dy, w1, w2)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_24(
+        dy2, x2, w1c, w2c, r_buf, op.act24_alg, op.weight_grad, op.dense_frac
+    )
+    return grads_in_dtype((dx.reshape(x.shape), dw1, db1, dw2, db2), w1, w2)
 
 
 @sqrelu_ffn_24_backward.register_fake

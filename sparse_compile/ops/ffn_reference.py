@@ -19,7 +19,9 @@ from sparse_compile.ops.spec import (
     check_inputs,
     ffn_autograd,
     ffn_setup,
+    grads_in_dtype,
     grads_like,
+    in_dtype,
     parse_spec,
 )
 
@@ -33,7 +35,8 @@ def sqrelu_ffn(
     b2: torch.Tensor | None,
     spec: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_inputs(x, w1, w2)
+    check_inputs(x, w1, w2, b1, b2)
+    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
     x2 = x.reshape(-1, x.shape[-1])
     op = parse_spec(spec)
     pattern = activation_pattern_for(op, x2.shape[0])
@@ -58,12 +61,12 @@ def sqrelu_ffn_backward(
     op = parse_spec(spec)
     dense_h = activation_pattern_for(op, dy2.shape[0]) is None
     perm = None if op.units is None or dense_h else units.site_perm(op.units, op.activations, op.chunk, x.device)
-    w1, _, w2 = units.permute(w1, None, w2, perm)
+    w1c, _, w2c = units.permute(*in_dtype(dy, w1, None, w2), perm)
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
-        dy2, x.reshape(-1, x.shape[-1]), w1, w2, r_masked, op.weight_grad, op.dense_frac
+        dy2, x.reshape(-1, x.shape[-1]), w1c, w2c, r_masked, op.weight_grad, op.dense_frac
     )
     dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
-    return dx.reshape(x.shape), dw1, db1, dw2, db2
+    return grads_in_dtype((dx.reshape(x.shape), dw1, db1, dw2, db2), w1, w2)
 
 
 @sqrelu_ffn_backward.register_fake

@@ -11,7 +11,16 @@ import math
 import torch
 
 from sparse_compile.ops import units
-from sparse_compile.ops.spec import causal_seq, check_inputs, ffn_autograd, ffn_setup, grads_like, parse_spec
+from sparse_compile.ops.spec import (
+    causal_seq,
+    check_inputs,
+    ffn_autograd,
+    ffn_setup,
+    grads_in_dtype,
+    grads_like,
+    in_dtype,
+    parse_spec,
+)
 
 
 def _vnm_of(spec: str, tokens: int) -> tuple[int, int, int]:
@@ -32,7 +41,8 @@ def sqrelu_ffn_vnm(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from sparse_compile.kernels.ffn_gather import sqrelu_ffn_forward_gather  # Triton: imported when used
 
-    check_inputs(x, w1, w2)
+    check_inputs(x, w1, w2, b1, b2)
+    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
@@ -72,13 +82,13 @@ def sqrelu_ffn_vnm_backward(
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
     perm = None if op.units is None else units.site_perm(op.units, (v, n, m), op.chunk, x.device)
-    w1, _, w2 = units.permute(w1, None, w2, perm)
+    w1c, _, w2c = units.permute(*in_dtype(dy, w1, None, w2), perm)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
-        dy2, x2, w1, w2, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
+        dy2, x2, w1c, w2c, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
     )
     dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
-    return dx.reshape(x.shape), dw1, db1, dw2, db2
+    return grads_in_dtype((dx.reshape(x.shape), dw1, db1, dw2, db2), w1, w2)
 
 
 @sqrelu_ffn_vnm_backward.register_fake

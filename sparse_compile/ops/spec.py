@@ -60,18 +60,42 @@ def parse_spec(spec: str) -> OpSpec:
     )
 
 
-def check_inputs(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
-    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
-        if t.dtype not in FLOAT_DTYPES:
+def check_inputs(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.Tensor | None = None, b2: torch.Tensor | None = None
+) -> None:
+    params = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    for name, t in (("x", x), *params.items()):
+        if t is not None and t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"sqrelu_ffn: {name}.dtype={t.dtype}; expected one of {FLOAT_DTYPES}")
-    if not (x.dtype == w1.dtype == w2.dtype):
-        raise ValueError(f"sqrelu_ffn: dtypes differ: x {x.dtype}, w1 {w1.dtype}, w2 {w2.dtype}")
+    dtypes = {t.dtype for t in params.values() if t is not None}
+    if len(dtypes) != 1 or w1.dtype not in (x.dtype, torch.float32):
+        got = ", ".join(f"{name} {t.dtype}" for name, t in (("x", x), *params.items()) if t is not None)
+        raise ValueError(
+            f"sqrelu_ffn: dtypes {got}; the weights and biases share one dtype, x's or float32 (then the op "
+            "casts them to x's, as autocast does)"
+        )
     if w1.dim() != 2 or w2.dim() != 2 or x.shape[-1] != w1.shape[1] or w2.shape[1] != w1.shape[0]:
         raise ValueError(
             f"sqrelu_ffn: shapes do not chain: x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}"
         )
     if x.device.type not in DEVICES:
         raise ValueError(f"sparse_compile: no kernels for device {x.device.type!r}; supported: {DEVICES}")
+
+
+def in_dtype(like: torch.Tensor, *params: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``params`` in like's dtype: float32 weights under autocast, cast once per op call (no copy
+    where the dtype already matches). The backward ops cast again from the float32 parameters that
+    ffn_setup keeps (2 + 4 bytes read and written per element), instead of keeping the copies alive
+    from forward to backward (2 bytes per element: 1.6 GB at 1.3B, 24 sites)."""
+    return tuple(None if p is None else p.to(like.dtype) for p in params)
+
+
+def grads_in_dtype(grads: tuple[torch.Tensor, ...], w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(dx, dw1, db1, dw2, db2) with the weight and bias gradients in the parameters' dtype (float32
+    when the op cast them; the products themselves are rounded to the compute dtype first, as autocast's
+    cast backward does)."""
+    dx, dw1, db1, dw2, db2 = grads
+    return dx, dw1.to(w1.dtype), db1.to(w1.dtype), dw2.to(w2.dtype), db2.to(w2.dtype)
 
 
 @functools.cache
