@@ -8,11 +8,12 @@ fused AdamW, default options) for --steps steps, profiles two more steps (the ke
 per call in the step), and records the operands of every B2 and B4 call of the last step. For
 each recorded call it prints how many blocks keep each chunk (mean, max, quantiles), then the
 do_bench median of chunk_wgrad on:
-  step               the recorded operands with the op's program order (what ran in the step)
-  chunk-id order     the same, chunks in id order, 4 D tiles each
-  ... D tiles outer  the same, chunks in id order, one D tile each (the c < 128 order)
-  random values      the recorded ids (the step's popularity) on normal random operands
-  random ids         the recorded operands with ids chosen from random Z (uniform popularity)
+  step                          the recorded operands, the op's program order (what ran in the step)
+  chunk-id order, ...           the same, chunks in id order, 4 D tiles each or one (D tiles outer)
+  most kept first, ...          the op's chunk order, one D tile or all 12 per chunk back to back
+  step, split-K 2               each tile's K steps over two programs (float32 partials, summed)
+  random values                 the recorded ids (the step's popularity) on normal random operands
+  random ids                    the recorded operands, ids chosen from random Z (uniform popularity)
 """
 
 import argparse
@@ -73,6 +74,8 @@ def time_call(kernel, a: tuple, kw: dict) -> None:
         "chunk-id order, 4 D tiles per chunk": (a, {**kw, "order": None}, True),
         "chunk-id order, D tiles outer": (a, {**kw, "order": None, "group_d": 1}, True),
         "most kept first, D tiles outer": (a, {**kw, "group_d": 1}, True),
+        "most kept first, 12 D tiles per chunk": (a, {**kw, "group_d": 12}, True),
+        "step, split-K 2": (a, {**kw, "split": 2}, False),
         "random values": (rand, kw, False),
         "random ids": ((comp, ids_rand, *a[2:]), {**kw, "csr": csr_rand, "order": chunk_order(csr_rand[0])}, False),
     }

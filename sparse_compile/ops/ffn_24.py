@@ -15,7 +15,6 @@ from sparse_compile.ops.spec import (
     check_inputs,
     ffn_autograd,
     ffn_setup,
-    grads_in_dtype,
     grads_like,
     in_dtype,
     parse_spec,
@@ -70,7 +69,7 @@ def sqrelu_ffn_24_backward(
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_24(
         dy2, x2, w1c, w2c, r_buf, op.act24_alg, op.weight_grad, op.dense_frac
     )
-    return grads_in_dtype((dx.reshape(x.shape), dw1, db1, dw2, db2), w1, w2)
+    return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 
 @sqrelu_ffn_24_backward.register_fake

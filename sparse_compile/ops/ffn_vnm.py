@@ -16,7 +16,6 @@ from sparse_compile.ops.spec import (
     check_inputs,
     ffn_autograd,
     ffn_setup,
-    grads_in_dtype,
     grads_like,
     in_dtype,
     parse_spec,
@@ -88,7 +87,7 @@ def sqrelu_ffn_vnm_backward(
         dy2, x2, w1c, w2c, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
     )
     dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
-    return grads_in_dtype((dx.reshape(x.shape), dw1, db1, dw2, db2), w1, w2)
+    return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 
 @sqrelu_ffn_vnm_backward.register_fake

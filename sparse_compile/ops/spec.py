@@ -90,14 +90,6 @@ def in_dtype(like: torch.Tensor, *params: torch.Tensor | None) -> tuple[torch.Te
     return tuple(None if p is None else p.to(like.dtype) for p in params)
 
 
-def grads_in_dtype(grads: tuple[torch.Tensor, ...], w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(dx, dw1, db1, dw2, db2) with the weight and bias gradients in the parameters' dtype (float32
-    when the op cast them; the products themselves are rounded to the compute dtype first, as autocast's
-    cast backward does)."""
-    dx, dw1, db1, dw2, db2 = grads
-    return dx, dw1.to(w1.dtype), db1.to(w1.dtype), dw2.to(w2.dtype), db2.to(w2.dtype)
-
-
 @functools.cache
 def warn_dense_fallback(tokens: int, v: int) -> None:
     warnings.warn(
@@ -132,13 +124,14 @@ def causal_seq(spec: OpSpec, x: torch.Tensor) -> int | None:
 
 
 def grads_like(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Fake (dx, dw1, db1, dw2, db2) of either backward op."""
+    """Fake (dx, dw1, db1, dw2, db2) of either backward op: all in x's (the compute) dtype; ffn_autograd
+    casts the parameters' gradients to their dtype."""
     return (
         torch.empty_like(x),
-        torch.empty_like(w1),
-        w1.new_empty(w1.shape[0]),
-        torch.empty_like(w2),
-        w2.new_empty(w2.shape[0]),
+        torch.empty_like(w1, dtype=x.dtype),
+        x.new_empty(w1.shape[0]),
+        torch.empty_like(w2, dtype=x.dtype),
+        x.new_empty(w2.shape[0]),
     )
 
 
@@ -149,15 +142,20 @@ def ffn_setup(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(*saved)
     ctx.save_for_backward(x, w1, w2, *saved)
     ctx.has_bias = (b1 is not None, b2 is not None)
+    ctx.param_dtype = w1.dtype  # check_inputs: w1, b1, w2, b2 share it
     ctx.spec = spec
 
 
 def ffn_autograd(backward_op):
-    """The autograd backward of an FFN op whose backward op is (dy, x, w1, w2, *saved, spec) -> grads."""
+    """The autograd backward of an FFN op whose backward op is (dy, x, w1, w2, *saved, spec) -> grads in
+    the compute dtype. The parameters' gradients are cast to their dtype here, in the traced graph
+    (float32 under autocast: rounded to the compute dtype first, as autocast's cast backward does),
+    where the compiler generates the conversion kernels as for dense."""
 
     def backward(ctx, dy, *_):
         dx, dw1, db1, dw2, db2 = backward_op(dy.contiguous(), *ctx.saved_tensors, ctx.spec)
         has_b1, has_b2 = ctx.has_bias
+        dw1, db1, dw2, db2 = (g.to(ctx.param_dtype) for g in (dw1, db1, dw2, db2))
         return dx, dw1, db1 if has_b1 else None, dw2, db2 if has_b2 else None, None
 
     return backward
