@@ -34,9 +34,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6, help="training steps before the recorded one (default 6)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--every", type=int, default=1, help="time the B2 and B4 calls of every k-th block (default 1)")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
     args = p.parse_args(argv)
-    for name in ("layers", "steps", "batch_size", "seq_len"):
+    for name in ("layers", "steps", "batch_size", "seq_len", "every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an int >= 1")
     start_gpu_bench(p, "python -m bench.wgrad_step", argv)
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(recorded)} calls recorded (backward order: last block first; B2 then B4 per block)")
 
     for k, (a, kw) in enumerate(recorded):
+        if (k // 2) % args.every:
+            continue
         comp, _, other = a[:3]
         which = "B2" if kw.get("transpose") else "B4"
         print(f"\ncall {k}: {which}, A {tuple(comp.shape)}, B {tuple(other.shape)}, {kept_counts(kw['csr'][0])}")

@@ -49,7 +49,8 @@ def test_compiled_cuda_model_sparse_vs_oracle_and_dense_bit_identical():
     ref, baseline = copy.deepcopy(model), copy.deepcopy(model)
     config = SparsityConfig(weights="2:4", activations="64:2:8")
     x = torch.randn(8, 128, 256, device="cuda")
-    compiled = torch.compile(model, backend="sparse", options={"small_ffn": "sparse"})  # venom, under the size rule
+    # venom (the oracle's config), forced sparse under the size rule
+    compiled = torch.compile(model, backend="sparse", options={"preset": "venom", "small_ffn": "sparse"})
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = compiled(x)
         y_ref = oracle_forward(ref, x, config)
