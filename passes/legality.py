@@ -36,13 +36,13 @@ def compute_dtype(match: FFNMatch) -> torch.dtype:
 
 def weights_cast_inside(match: FFNMatch, config: SparsityConfig) -> bool:
     """Whether the op gets the float32 weights and biases and casts them to the compute dtype itself
-    (dense weights under autocast): its backward then keeps the float32 parameters, which are alive
-    anyway, instead of bfloat16 copies (2 bytes per weight element per site). 2:4 weights are cast
-    outside: their masked copy is not a parameter."""
+    (weight_copies="recompute" under autocast): its backward then keeps the float32 parameters, which
+    are alive anyway, instead of compute-dtype copies (2 bytes per weight element per site)."""
     dtype = compute_dtype(match)
     params = [example_value(n) for n in (match.w1, match.b1, match.w2, match.b2) if n is not None]
     return (
-        config.weights is None
+        config.weight_copies == "recompute"
+        and config.weights is None
         and dtype != torch.float32
         and all(v is not None and v.dtype == torch.float32 for v in params)
     )

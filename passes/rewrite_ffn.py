@@ -57,8 +57,8 @@ def rewrite_site(
             return node
         return _add(graph, torch.Tensor.to, (node, dtype), match.first, fake_mode)
 
-    # float32 weights and biases of dense-weight sites go in as they are: the op casts them, so its
-    # backward keeps the parameters themselves, not compute-dtype copies (legality.weights_cast_inside)
+    # weight_copies="recompute": float32 weights and biases go in as they are and the op casts them, so
+    # its backward keeps the parameters themselves, not compute-dtype copies (legality.weights_cast_inside)
     param = (lambda node: node) if weights_cast_inside(match, config) else cast
 
     def weight(w: Node) -> Node:

@@ -83,6 +83,13 @@ class SparsityConfig:
         sparse_compile/passes/size_rule.py), and the report says so per site; "sparse": they run
         sparse anyway (slower than dense when measured: bench/RESULTS.md section 2).
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
+    weight_copies: under autocast, float32 weights reach the sparse op as compute-dtype copies.
+        "keep" (default, as dense autocast does): forward's copies stay alive until backward.
+        "recompute": the op gets the float32 weights and casts them itself, forward and again in
+        backward, so no copy stays alive between them: 2 bytes per FFN weight less peak memory
+        (1.3B, H100: 27.1% below dense instead of 23.8%) for one more cast of W1 and W2 per
+        backward (1.3B: 1.346x a dense step instead of 1.374x; 2.7B, H200: 1.404x instead of
+        1.413x; bench/RESULTS.md section 2). Needs weights=None: 2:4 weights are masked copies.
     """
 
     weights: str | None = None
@@ -96,6 +103,7 @@ class SparsityConfig:
     min_hidden: int = 0
     small_ffn: str = "dense"
     masked_decay: float = 0.0
+    weight_copies: str = "keep"
 
     def __post_init__(self) -> None:
         if self.weights is not None and self.weights not in WEIGHT_PATTERNS:
@@ -144,6 +152,13 @@ class SparsityConfig:
             )
         if self.weights is None and self.activations is None:
             raise ValueError("SparsityConfig: weights=None and activations=None leave nothing sparse; set one")
+        if self.weight_copies not in ("keep", "recompute"):
+            raise ValueError(f"SparsityConfig.weight_copies={self.weight_copies!r}: expected 'keep' or 'recompute'")
+        if self.weight_copies == "recompute" and self.weights is not None:
+            raise ValueError(
+                f"SparsityConfig.weight_copies='recompute' needs weights=None; got weights={self.weights!r} (2:4 "
+                "weights reach the op as masked copies, not parameters)"
+            )
 
     @property
     def activation_pattern(self) -> tuple[int, int, int] | None:

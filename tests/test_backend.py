@@ -61,6 +61,17 @@ def grads(model):
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
+def autocast_step(options: dict, x: torch.Tensor):
+    """A fresh Stack() compiled with ``options``, one forward under CPU bf16 autocast and the backward
+    of sum(y^2): (y, grads, the compile's report)."""
+    model = Stack()
+    compiled = torch.compile(model, backend="sparse", options=options)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = compiled(x)
+    y.float().square().sum().backward()
+    return y, grads(model), compile_reports()[-1]
+
+
 def assert_compiled_matches_oracle(config: SparsityConfig, x: torch.Tensor, tol: float):
     """torch.compile(Stack(), backend="sparse") with ``config`` against the eager oracle: the output
     and every gradient of sum(y^2) equal to ``tol``. Returns the compile's report."""
@@ -342,3 +353,20 @@ def test_site_record_work_is_t_d_h_of_a_static_site():
     model = nn.Sequential(nn.Linear(32, 128), SquaredReLU(), nn.Linear(128, 32))
     report = explain(model, torch.randn(4, 16, 32), config=SparsityConfig(activations="16:2:8"))
     assert [s.record.work for s in report.sparse_sites] == [4 * 16 * 32 * 128]
+
+
+def test_weight_copies_recompute_gives_the_same_numbers_under_autocast():
+    """weight_copies="recompute" moves the casts of the float32 weights into the op (cast again in
+    backward): the compiled model's output and every parameter's gradient equal those of "keep", bit
+    for bit, and the report says which sites do it."""
+    x = torch.randn(2, 128, 32)
+    results = {}
+    for copies in ("keep", "recompute"):
+        y, g, report = autocast_step({"activations": "64:2:8", "weight_copies": copies}, x)
+        notes = [site.record.reason for site in report.sparse_sites]
+        assert len(notes) == 2 and all(
+            ("backward keeps the float32 ones" in n) == (copies == "recompute") for n in notes
+        )
+        results[copies] = (y, *g.values())
+    for a, b in zip(results["keep"], results["recompute"], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -27,6 +27,8 @@ def test_bad_activation_pattern_names_field_and_value(bad):
         ({"weights": "2:4", "masked_decay": -0.1}, "masked_decay"),
         ({"activations": "2:4", "masked_decay": 1e-4}, "masked_decay"),
         ({}, "nothing sparse"),
+        ({"activations": "2:4", "weight_copies": "drop"}, r"weight_copies='drop'.*'keep' or 'recompute'"),
+        ({"weights": "2:4", "weight_copies": "recompute"}, r"weight_copies='recompute' needs weights=None"),
     ],
 )
 def test_bad_fields(kwargs, field):

@@ -5,10 +5,10 @@ the GPU (tests/gpu/test_linear_24_gpu.py)."""
 
 import torch
 
-from sparse_compile import SparsityConfig, compile_reports
+from sparse_compile import SparsityConfig
 from sparse_compile.dispatch import W24
 
-from .test_backend import Stack, assert_compiled_matches_oracle, grads
+from .test_backend import assert_compiled_matches_oracle, autocast_step
 
 
 def test_linear_24_op_matches_linear_and_its_gradients():
@@ -42,13 +42,9 @@ def test_2_4_weight_linears_under_autocast_match_the_reference_op():
     x = torch.randn(2, 16, 32)
     outs = {}
     for kernels in ("triton", "reference"):
-        model = Stack()
-        compiled = torch.compile(model, backend="sparse", options={"weights": "2:4", "kernels": kernels})
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = compiled(x)
-        y.float().square().sum().backward()
-        outs[kernels] = (y.float(), grads(model))
-        kinds = {s.kernel for s in compile_reports()[-1].sparse_sites}
+        y, g, report = autocast_step({"weights": "2:4", "kernels": kernels}, x)
+        outs[kernels] = (y.float(), g)
+        kinds = {s.kernel for s in report.sparse_sites}
         assert kinds == ({W24} if kernels == "triton" else {"reference"})
     (y, g), (y_ref, g_ref) = outs["triton"], outs["reference"]
     assert y.dtype == y_ref.dtype

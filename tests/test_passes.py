@@ -165,10 +165,18 @@ def test_chain_cut_by_a_graph_boundary_says_so():
     assert "relu is an output of this graph" in site.record.reason and "optimize_ddp" in site.record.reason
 
 
-@pytest.mark.parametrize("preset, inside", [({"activations": "64:2:8"}, True), ("venom", False)])
+@pytest.mark.parametrize(
+    "preset, inside",
+    [
+        ({"activations": "64:2:8", "weight_copies": "recompute"}, True),
+        ({"activations": "64:2:8"}, False),
+        ("venom", False),
+    ],
+)
 def test_autocast_float32_weights_go_into_the_op_uncast(preset, inside):
-    """Under autocast, dense-weight sites pass the float32 parameters into the op (it casts them, and
-    its backward keeps the parameters, not bf16 copies); 2:4 weights are cast outside, as before."""
+    """Under autocast with weight_copies="recompute" the site passes the float32 parameters into the op
+    (it casts them, and its backward keeps the parameters, not bf16 copies); by default ("keep") and
+    with 2:4 weights the casts stay outside, as autocast's."""
     model = ffn_zoo.TorchReluSquare()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         (gm,) = dynamo_graphs(model, torch.randn(64, ffn_zoo.D))
