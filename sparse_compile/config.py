@@ -88,9 +88,8 @@ class SparsityConfig:
         "recompute": the op gets the float32 weights and casts them itself, forward and again in
         backward, so no copy stays alive between them: 2 bytes per FFN weight less peak memory
         (1.3B, H100: 27.1% below dense instead of 23.8%) for one more cast of W1 and W2 per
-        backward (1.3B: 1.356x a dense step against 1.360x in the same run; 2.7B, H200: 1.404x
-        against 1.413x in another; bench/RESULTS.md section 2). Needs weights=None: 2:4 weights
-        are masked copies.
+        backward (1.3B: 1.356x a dense step against 1.360x; 2.7B, H200: 1.402x against 1.412x;
+        same runs, bench/RESULTS.md section 2). Needs weights=None: 2:4 weights are masked copies.
     """
 
     weights: str | None = None
