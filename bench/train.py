@@ -33,7 +33,7 @@ from bench import checkpoint, distributed
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from sparse_compile.clustering import kept_mass
+from sparse_compile.clustering import kept_mass, static_share
 from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, options_from_text
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
@@ -52,6 +52,7 @@ CSV_FIELDS = [
     "tokens_per_s",
     "h_zero_frac",
     "h_kept_frac",
+    "h_static_frac",
     "weight_flip_rate",
 ]
 
@@ -264,8 +265,10 @@ class Health:
     """Sparsity health of the FFNs on one batch, with an eager probe of the uncompiled model.
 
     h_zero_frac: fraction of exact zeros in H = relu(Z)^2; h_kept_frac: fraction of sum |H| that
-    the activation pattern keeps; weight_flip_rate: fraction of 2:4 weight-mask entries changed
-    since the previous probe.
+    the activation pattern keeps; h_static_frac: fraction of the pattern's kept (block, chunk)
+    pairs whose chunk at least 90% of the layer's blocks keep (clustering.static_share: 1 when
+    every block keeps the same chunks); weight_flip_rate: fraction of 2:4 weight-mask entries
+    changed since the previous probe.
     """
 
     def __init__(
@@ -294,7 +297,7 @@ class Health:
             for h in hooks:
                 h.remove()
         zeros = sum((h == 0).sum().item() for h in hs) / sum(h.numel() for h in hs)
-        kept = math.nan
+        kept = static = math.nan
         if self.pattern is not None:
             flat = [h.reshape(-1, h.shape[-1]).float() for h in hs]
             v, _, m = self.pattern
@@ -303,6 +306,7 @@ class Health:
             if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
                 site_perms = [perms.get(f"blocks.{i}.mlp") for i in range(len(flat))]
                 kept = kept_mass(flat, self.pattern, self.chunk, site_perms, seq)
+                static = static_share(flat, self.pattern, self.chunk, site_perms, seq)
         flips = math.nan
         weights = [w for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
         masks = [transposable_24_mask(distributed.full(w) if self.sharded else w) for w in weights]
@@ -311,7 +315,7 @@ class Health:
                 m.numel() for m in masks
             )
         self.previous = masks
-        return {"h_zero_frac": zeros, "h_kept_frac": kept, "weight_flip_rate": flips}
+        return {"h_zero_frac": zeros, "h_kept_frac": kept, "h_static_frac": static, "weight_flip_rate": flips}
 
 
 def _lr_warmup_steps(args: argparse.Namespace) -> int:

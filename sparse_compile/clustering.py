@@ -20,7 +20,7 @@ as W1[perm], b1[perm], W2[:, perm] it leaves the dense function unchanged.
 import numpy as np
 import torch
 
-from sparse_compile.kernels.activation_mask import vnm_mask
+from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select
 
 
 def block_mass(h: torch.Tensor, v: int) -> torch.Tensor:
@@ -49,6 +49,35 @@ def kept_mass(
         kept += (f * vnm_mask(f, *pattern, c, seq)).sum().item()
         total += f.sum().item()
     return kept / total
+
+
+def static_share(
+    hs: list[torch.Tensor],
+    pattern: tuple[int, int, int],
+    c: int = 1,
+    perms: list[torch.Tensor | None] | None = None,
+    seq: int | None = None,
+    most: float = 0.9,
+) -> float:
+    """How static the V:N:M ``pattern``'s choice of chunks is on the layers' H [T, F] in ``hs``
+    (arguments as kept_mass): the fraction of the kept (block, chunk) pairs whose chunk at least
+    ``most`` of the layer's blocks keep, pooled over the layers. Near 0 when the blocks choose
+    different chunks; 1 when every block keeps the same ones, so that while the pattern runs the
+    other chunks' units get no gradient at all."""
+    v, n, m = pattern
+    static = total = 0
+    for i, h in enumerate(hs):
+        f = h.float()
+        p = None if perms is None else perms[i]
+        f = f if p is None else f[:, p.to(f.device)]
+        cols = vnm_select(f, v, n, m, c, seq)[0]  # [T/V, groups, 4]: kept chunk ids in each group
+        blocks, groups = cols.shape[:2]
+        ids = cols.permute(1, 0, 2).reshape(groups, -1)  # [groups, T/V * 4]
+        ones = torch.ones_like(ids, dtype=torch.float32)
+        counts = torch.zeros(groups, m, device=ids.device).scatter_add_(1, ids, ones)  # blocks keeping each chunk
+        static += (counts >= most * blocks).gather(1, ids).sum().item()
+        total += ids.numel()
+    return static / total
 
 
 def _normalized(x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ and leaves a dense FFN's function unchanged; bench.cluster_probe runs on the CPU
 import pytest
 import torch
 
-from sparse_compile.clustering import block_mass, chunk_units, cluster_units, group_chunks, kept_mass
+from sparse_compile.clustering import block_mass, chunk_units, cluster_units, group_chunks, kept_mass, static_share
 from sparse_compile.kernels.activation_mask import vnm_mask
 
 
@@ -102,3 +102,22 @@ def test_cluster_probe_runs_on_cpu(tmp_path, capsys):
     assert main(argv) == 0
     text = csv_path.read_text()
     assert "stale (previous fit)" in text and "chunks only" in text and "clustered" in text
+
+
+def test_static_share_tells_a_fixed_choice_from_a_varying_one():
+    """1 when every block keeps the same chunks (a strong per-unit offset), 0 on random H, and the
+    mean pooled over layers by kept pairs; causal selection counts the same way."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.rand(1024, 512, generator=g)
+    fixed = h * 0.01 + torch.rand(1, 512, generator=g) * 10
+    assert static_share([h], (64, 2, 16), 8) == 0.0
+    assert static_share([fixed], (64, 2, 16), 8) == 1.0
+    assert static_share([fixed, h], (64, 2, 16), 8) == 0.5
+    assert static_share([fixed], (64, 2, 16), 8, seq=512) == 1.0
+    # half the blocks favour chunks 0-3 of each group, half chunks 4-7: no chunk reaches 90% of the blocks
+    chunk = (torch.arange(512) % 128) // 8  # chunk id inside its group of M = 16 chunks of 8 units
+    halves = h * 0.01 + torch.cat(
+        [(chunk < 4).float().expand(512, -1), ((chunk >= 4) & (chunk < 8)).float().expand(512, -1)]
+    )
+    assert static_share([halves], (64, 2, 16), 8) == 0.0
+    assert static_share([halves], (64, 2, 16), 8, most=0.5) == 1.0
