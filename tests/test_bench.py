@@ -572,3 +572,31 @@ def test_the_wide_125m_size_takes_chunks_of_128_at_keep_one_quarter():
     hidden = wide.blocks[0].mlp.c_fc.out_features
     # passes/legality.py's rule for chunks: hidden % (M * chunk) == 0
     assert hidden == 4096 and hidden % (16 * 128) == 0 and base.blocks[0].mlp.c_fc.out_features % (16 * 128)
+
+
+@pytest.mark.parametrize("flag", ["--layers", "--steps", "--every"])
+def test_wgrad_step_bad_counts_are_refused(capsys, flag):
+    from bench import wgrad_step
+
+    with pytest.raises(SystemExit) as exit_info:
+        wgrad_step.main([flag, "0"])
+    assert exit_info.value.code == 2
+    assert f"{flag} 0: expected an int >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_wgrad_step_refuses_without_a_gpu(capsys):
+    from bench import wgrad_step
+
+    with pytest.raises(SystemExit) as exit_info:
+        wgrad_step.main(["--layers", "1"])
+    assert exit_info.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_wgrad_step_kept_counts_reads_the_csr_offsets():
+    """Blocks keeping each chunk = the csr offsets' differences: counts 1, 3, 0, 4 (mean 2)."""
+    from bench.wgrad_step import kept_counts
+
+    text = kept_counts(torch.tensor([0, 1, 4, 4, 8], dtype=torch.int32))
+    assert text.startswith("kept blocks per chunk: mean 2.0, max 4 (2.00x)") and text.endswith("min 0")
