@@ -31,6 +31,15 @@ def block_mass(h: torch.Tensor, v: int) -> torch.Tensor:
     return h.reshape(t // v, v, f).sum(dim=1, dtype=torch.float32).t()
 
 
+def _in_op_order(hs: list[torch.Tensor], perms: list[torch.Tensor | None] | None):
+    """Each layer's H as float32, its units as the op runs them: ``h[:, perms[i]]`` where a
+    permutation is given."""
+    for i, h in enumerate(hs):
+        f = h.float()
+        p = None if perms is None else perms[i]
+        yield f if p is None else f[:, p.to(f.device)]
+
+
 def kept_mass(
     hs: list[torch.Tensor],
     pattern: tuple[int, int, int],
@@ -42,10 +51,7 @@ def kept_mass(
     ``seq`` tokens when given) keeps, pooled over the layers' H [T, F] in ``hs``; each taken as
     ``h[:, perms[i]]`` where a permutation is given (the units in the order the op runs them)."""
     kept = total = 0.0
-    for i, h in enumerate(hs):
-        f = h.float()
-        p = None if perms is None else perms[i]
-        f = f if p is None else f[:, p.to(f.device)]
+    for f in _in_op_order(hs, perms):
         kept += (f * vnm_mask(f, *pattern, c, seq)).sum().item()
         total += f.sum().item()
     return kept / total
@@ -66,10 +72,7 @@ def static_share(
     other chunks' units get no gradient at all."""
     v, n, m = pattern
     static = total = 0
-    for i, h in enumerate(hs):
-        f = h.float()
-        p = None if perms is None else perms[i]
-        f = f if p is None else f[:, p.to(f.device)]
+    for f in _in_op_order(hs, perms):
         cols = vnm_select(f, v, n, m, c, seq)[0]  # [T/V, groups, 4]: kept chunk ids in each group
         blocks, groups = cols.shape[:2]
         ids = cols.permute(1, 0, 2).reshape(groups, -1)  # [groups, T/V * 4]

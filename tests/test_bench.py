@@ -1,6 +1,7 @@
 """The main job's pieces: corpus, model, and a short run of python -m bench.train on CPU."""
 
 import csv
+import importlib
 import math
 import statistics
 import subprocess
@@ -541,22 +542,25 @@ def test_op_host_time_rounds_move_every_row():
     assert round_orders(rows, 1) == [rows]
 
 
-@pytest.mark.parametrize("flag", ["--calls", "--rounds"])
-def test_op_host_time_bad_counts_are_refused(capsys, flag):
-    from bench import op_host_time
-
+@pytest.mark.parametrize(
+    "module, flag",
+    [("op_host_time", "--calls"), ("op_host_time", "--rounds"), ("wgrad_step", "--layers"), ("wgrad_step", "--steps"),
+     ("wgrad_step", "--every")],
+)  # fmt: skip
+def test_gpu_bench_bad_counts_are_refused(capsys, module, flag):
+    bench = importlib.import_module(f"bench.{module}")
     with pytest.raises(SystemExit) as exit_info:
-        op_host_time.main([flag, "0"])
+        bench.main([flag, "0"])
     assert exit_info.value.code == 2
     assert f"{flag} 0: expected an int >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_op_host_time_refuses_without_a_gpu(capsys):
-    from bench import op_host_time
-
+@pytest.mark.parametrize("module, argv", [("op_host_time", ["--calls", "2"]), ("wgrad_step", ["--layers", "1"])])
+def test_gpu_bench_refuses_without_a_gpu(capsys, module, argv):
+    bench = importlib.import_module(f"bench.{module}")
     with pytest.raises(SystemExit) as exit_info:
-        op_host_time.main(["--calls", "2"])
+        bench.main(argv)
     assert exit_info.value.code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
@@ -572,26 +576,6 @@ def test_the_wide_125m_size_takes_chunks_of_128_at_keep_one_quarter():
     hidden = wide.blocks[0].mlp.c_fc.out_features
     # passes/legality.py's rule for chunks: hidden % (M * chunk) == 0
     assert hidden == 4096 and hidden % (16 * 128) == 0 and base.blocks[0].mlp.c_fc.out_features % (16 * 128)
-
-
-@pytest.mark.parametrize("flag", ["--layers", "--steps", "--every"])
-def test_wgrad_step_bad_counts_are_refused(capsys, flag):
-    from bench import wgrad_step
-
-    with pytest.raises(SystemExit) as exit_info:
-        wgrad_step.main([flag, "0"])
-    assert exit_info.value.code == 2
-    assert f"{flag} 0: expected an int >= 1" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_wgrad_step_refuses_without_a_gpu(capsys):
-    from bench import wgrad_step
-
-    with pytest.raises(SystemExit) as exit_info:
-        wgrad_step.main(["--layers", "1"])
-    assert exit_info.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_wgrad_step_kept_counts_reads_the_csr_offsets():
