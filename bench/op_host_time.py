@@ -7,22 +7,84 @@ host for each layer of the sparse path:
                     and backend wrappers, the aliasing check, then the op's Python
   impl (python fn)  the op's Python function called directly (spec parsing, checks)
   kernels           kernels/ffn_gather.py's forward / backward (the launches)
-beside one torch.mm and one empty_like for scale, with the CUDA kernels each call launches
+beside one torch.mm and one empty_like for scale, and one launch of a one-program Triton kernel
+through each layer of Triton's launch path (``kernel[grid]``; the same through ``triton.autotune``
+with one config; a second kernel with a TMA descriptor argument; the compiled kernel's launcher
+called directly; kernels/launch.py's FastLaunch, plain and autotuned), the kernel functions once
+more with every launch through Triton's own path (FastLaunch off; their outputs checked bit-equal
+first), with the CUDA kernels each call launches
 (torch.profiler). The rows run in --rounds rounds, each in another order (round_orders), and each
 row shows its median and range: a row's figure must not depend on where it ran. A cProfile of
-the kernel calls follows. The differences between rows are what each layer costs.
+the kernel calls follows. The differences between rows are what each layer costs. Then, without
+cProfile's distortion, the forward's and backward's kernel functions with every function and
+Triton kernel of the kernels package they call wrapped in a host timer (``anatomy``): host us per
+op call spent inside each callee, nested callees counted in their callers too.
 """
 
 import argparse
 import cProfile
+import importlib
+import inspect
 import io
+import pkgutil
 import pstats
 import statistics
 import time
+from collections import defaultdict
+from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 
 from bench.gpu_timing import start_gpu_bench
+
+
+@triton.jit
+def _tiny_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4)], key=["n"])
+@triton.jit
+def _tiny_tuned_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+@triton.jit
+def _tiny_desc_kernel(x_desc, BLOCK: tl.constexpr):
+    x_desc.store([0, 0], x_desc.load([0, 0]) + 1)
+
+
+def launch_rows() -> dict:
+    """One launch of a one-program kernel through each layer of Triton's launch path (the host
+    cost per launch of kernel[grid], of an autotuned kernel, of a TMA descriptor argument, and of
+    the compiled kernel's launcher alone)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from sparse_compile.kernels.launch import FastLaunch
+
+    x = torch.zeros(128, device="cuda", dtype=torch.float32)
+    x2 = torch.zeros(16, 16, device="cuda", dtype=torch.float32)
+    compiled = _tiny_kernel[(1,)](x, 128, BLOCK=128)
+    _tiny_tuned_kernel[(1,)](x, 128)
+    _tiny_desc_kernel[(1,)](TensorDescriptor.from_tensor(x2, [16, 16]), BLOCK=16)
+    fast, fast_tuned = FastLaunch(_tiny_kernel), FastLaunch(_tiny_tuned_kernel)
+    fast[(1,)](x, 128, BLOCK=128), fast_tuned[(1,)](x, 128)
+    stream = torch.cuda.current_stream().cuda_stream
+    fn, meta = compiled.function, compiled.packed_metadata
+    return {
+        "triton launch: kernel[grid]": lambda: _tiny_kernel[(1,)](x, 128, BLOCK=128),
+        "triton launch: autotuned, 1 config": lambda: _tiny_tuned_kernel[(1,)](x, 128),
+        "triton launch: TMA descriptor arg": lambda: _tiny_desc_kernel[(1,)](
+            TensorDescriptor.from_tensor(x2, [16, 16]), BLOCK=16
+        ),
+        "triton launch: compiled.run": lambda: compiled.run(1, 1, 1, stream, fn, meta, None, None, None, x, 128, 128),
+        "triton launch: FastLaunch": lambda: fast[(1,)](x, 128, BLOCK=128),
+        "triton launch: FastLaunch, autotuned": lambda: fast_tuned[(1,)](x, 128),
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,6 +105,106 @@ def round_orders(rows: list[str], rounds: int) -> list[list[str]]:
     """The rows' order in each round: round r is the rows rotated to start at row r * len(rows) //
     rounds, so with rounds <= len(rows) every row is timed at a different place in every round."""
     return [rows[k:] + rows[:k] for k in (r * len(rows) // rounds for r in range(rounds))]
+
+
+class _TimedKernel:
+    """A Triton kernel (jit or autotuned) whose ``kernel[grid](...)`` launches are timed."""
+
+    def __init__(self, kernel, record: Callable[[str, float], None], name: str) -> None:
+        self._kernel, self._record, self._name = kernel, record, name
+
+    def __getitem__(self, grid):
+        launch = self._kernel[grid]
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = launch(*args, **kwargs)
+            self._record(self._name, time.perf_counter() - t0)
+            return out
+
+        return timed
+
+    def __getattr__(self, name: str):
+        return getattr(self._kernel, name)
+
+
+def _triton_path(f: Callable[[], object]) -> Callable[[], object]:
+    """f with FastLaunch off for its duration: every launch through Triton's own path."""
+    from sparse_compile.kernels.launch import FastLaunch
+
+    def call():
+        FastLaunch.active = False
+        try:
+            return f()
+        finally:
+            FastLaunch.active = True
+
+    return call
+
+
+def anatomy(calls: dict[str, Callable[[], object]], n: int) -> str:
+    """Host us per call of each of ``calls`` spent inside every function and Triton kernel the
+    modules of sparse_compile.kernels define or import from each other, timed by wrapping those
+    module attributes (GPU kept busy; the wrappers restored after)."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    import sparse_compile.kernels as pkg
+    from sparse_compile.kernels.launch import FastLaunch
+    from sparse_compile.kernels.tune_cache import TuneStore
+
+    modules = [importlib.import_module(f"{pkg.__name__}.{i.name}") for i in pkgutil.iter_modules(pkg.__path__)]
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+
+    def record(name: str, dt: float) -> None:
+        totals[name] += dt
+        counts[name] += 1
+
+    def timed_fn(fn: Callable, name: str) -> Callable:
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            record(name, time.perf_counter() - t0)
+            return out
+
+        return timed
+
+    saved = []
+    for mod in modules:
+        for attr, obj in list(vars(mod).items()):
+            if isinstance(obj, TuneStore) and "load" not in vars(obj):
+                for method in ("load", "save"):
+                    saved.append((obj, method, None))
+                    setattr(obj, method, timed_fn(getattr(obj, method), f"{attr}.{method}"))
+            elif isinstance(obj, (JITFunction, Autotuner, FastLaunch)):
+                saved.append((mod, attr, obj))
+                setattr(mod, attr, _TimedKernel(obj, record, f"launch {attr}"))
+            elif inspect.isfunction(obj) and obj.__module__.startswith(pkg.__name__):
+                saved.append((mod, attr, obj))
+                setattr(mod, attr, timed_fn(obj, f"{obj.__module__.rsplit('.', 1)[-1]}.{obj.__name__}"))
+    lines = []
+    try:
+        for label, f in calls.items():
+            f()
+            totals.clear(), counts.clear()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(3e9))
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            total = 1e6 * (time.perf_counter() - t0) / n
+            torch.cuda.synchronize()
+            lines.append(f"== anatomy: {label}, {total:.1f} us per call (timers included)")
+            for name in sorted(totals, key=totals.get, reverse=True):
+                lines.append(f"  {name:60s} {1e6 * totals[name] / n:8.1f} us  {counts[name] / n:4.1f} calls")
+    finally:
+        for mod, attr, obj in reversed(saved):
+            if obj is None:  # a timed method set on the instance: the class's shows again
+                delattr(mod, attr)
+            else:
+                setattr(mod, attr, obj)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,9 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         "bwd kernels": lambda: sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m, chunk=op.chunk),
         f"torch.mm [{b * s},{d}]x[{d},{h}]": lambda: x2 @ w1.t(),
         "empty_like": lambda: torch.empty_like(x2),
-    }
+    } | launch_rows()
+    for name in ("fwd kernels", "bwd kernels"):  # the same calls, every launch through Triton's path
+        calls[f"{name}, Triton's launch path"] = _triton_path(calls[name])
     for f in calls.values():
         f(), f()
+    for name in ("fwd kernels", "bwd kernels"):
+        fast, triton_path = calls[name](), calls[f"{name}, Triton's launch path"]()
+        same = all(torch.equal(a, b) for a, b in zip(fast, triton_path, strict=True))
+        print(f"{name}: FastLaunch and Triton's launch path bit-equal: {same}")
     times: dict[str, list[float]] = {name: [] for name in calls}
     for order in round_orders(list(calls), args.rounds):  # a row's figure must not depend on its place
         for name in order:
@@ -108,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
         print(f"== cProfile {name}, {args.calls} calls\n{out.getvalue()}")
+    print(anatomy({k: calls[k] for k in ("fwd kernels", "bwd kernels")}, args.calls))
     return 0
 
 

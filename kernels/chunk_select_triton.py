@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from sparse_compile.kernels.activation_mask import _check
+from sparse_compile.kernels.launch import FastLaunch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -99,6 +100,9 @@ def _chunk_select_kernel(
         tl.store(hc_ptr + dst, hh)
 
 
+_SELECT = FastLaunch(_chunk_select_kernel)
+
+
 def chunk_supports(v: int, m: int, c: int) -> bool:
     """Whether the kernel takes the pattern: V a multiple of 16, M*c a power of two, c >= 2."""
     w = m * c
@@ -127,7 +131,7 @@ def vnm_select_chunks(
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
     rows = max(1, min(16, 4096 // (m * c)))
     grid = (t // v, h // (m * c))
-    _chunk_select_kernel[grid](
+    _SELECT[grid](
         z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v,
         M=m, C=c, N=n, ROWS=rows, HAS_BIAS=bias is not None, CAUSAL=seq is not None, num_warps=4,
     )  # fmt: skip

@@ -40,6 +40,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sparse_compile.kernels.gather_gemm_triton import _tile, sm_count, tma_for
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
+from sparse_compile.kernels.launch import FastLaunch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -59,21 +60,32 @@ def chunk_csr_ref(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torc
 
 @triton.jit
 def _chunk_csr_kernel(
-    ids_ptr, offsets_ptr, blocks_ptr, cols_ptr, E, stride_ids,
-    PER_BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_E: tl.constexpr,
+    ids_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr, E, stride_ids,
+    PER_BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_E: tl.constexpr, ORDER: tl.constexpr, NCP: tl.constexpr,
 ):  # fmt: skip
     """Program j: offsets[j] = #entries (block, slot) whose chunk is < j; then chunk j's entries in
-    entry order (blocks ascending) at offsets[j].. . Two reads of the E = T/V x Kc/c chunk ids."""
+    entry order (blocks ascending) at offsets[j].. . Two reads of the E = T/V x Kc/c chunk ids.
+    ORDER: the first read also counts every chunk's entries (a histogram over NCP >= h/c bins), and
+    order[rank] = j with rank = #chunks kept by more blocks, or as many with a smaller id
+    (chunk_order's sort, stable and descending, without its torch launches)."""
     j = tl.program_id(0)
     lanes = tl.arange(0, BLOCK_E)
     below = 0
+    counts = tl.zeros((NCP,), dtype=tl.int32)
+    bins = tl.arange(0, NCP)
     for e0 in range(0, E, BLOCK_E):
         e = e0 + lanes
         ch = tl.load(ids_ptr + (e // PER_BLOCK) * stride_ids + (e % PER_BLOCK) * C, mask=e < E, other=0) // C
         below += tl.sum(((ch < j) & (e < E)).to(tl.int32))
+        if ORDER:  # lanes past E read chunk 0: taken off its bin
+            counts += tl.histogram(ch, NCP) - tl.where(bins == 0, tl.sum((e >= E).to(tl.int32)), 0)
     tl.store(offsets_ptr + j, below)
     if j == 0:
         tl.store(offsets_ptr + tl.num_programs(0), E)
+    if ORDER:
+        mine = tl.sum(tl.where(bins == j, counts, 0))
+        ahead = (counts > mine) | ((counts == mine) & (bins < j))
+        tl.store(order_ptr + tl.sum((ahead & (bins < tl.num_programs(0))).to(tl.int32)), j)
     at = below
     for e0 in range(0, E, BLOCK_E):
         e = e0 + lanes
@@ -85,8 +97,24 @@ def _chunk_csr_kernel(
         at += tl.sum(hit.to(tl.int32))
 
 
+_CSR = FastLaunch(_chunk_csr_kernel)
+
+
 def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``chunk_csr_ref`` in one Triton launch (one program per chunk; equal outputs)."""
+    return _csr(ids, c, h, ordered=False)[0]
+
+
+def chunk_plan(
+    ids: torch.Tensor, c: int, h: int, units_m: bool = False
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]:
+    """(chunk_csr(ids, c, h), default_order(offsets, c, units_m)) in the one launch of chunk_csr:
+    where chunk_wgrad runs its chunks most-kept first, the csr kernel also ranks them (about six
+    torch launches fewer per backward: argsort, diff, a cast; host time, not GPU time)."""
+    return _csr(ids, c, h, ordered=_wide(c, ids.device, units_m))
+
+
+def _csr(ids: torch.Tensor, c: int, h: int, ordered: bool):
     nb, kc = ids.shape
     if ids.dtype != torch.int32 or kc % c or h % c or ids.stride(1) != 1:
         raise ValueError(f"chunk_csr: ids {tuple(ids.shape)} {ids.dtype} (int32, unit stride), c={c}, h={h}")
@@ -95,11 +123,13 @@ def chunk_csr(ids: torch.Tensor, c: int, h: int) -> tuple[torch.Tensor, torch.Te
     offsets = torch.empty(h // c + 1, device=ids.device, dtype=torch.int32)
     blocks = torch.empty(e, device=ids.device, dtype=torch.int32)
     cols = torch.empty(e, device=ids.device, dtype=torch.int32)
+    order = torch.empty(h // c, device=ids.device, dtype=torch.int32) if ordered else None
     block_e = min(1024, triton.next_power_of_2(max(e, 16)))
-    _chunk_csr_kernel[(h // c,)](
-        ids, offsets, blocks, cols, e, ids.stride(0), PER_BLOCK=per_block, C=c, BLOCK_E=block_e, num_warps=4
-    )
-    return offsets, blocks, cols
+    _CSR[(h // c,)](
+        ids, offsets, blocks, cols, order if ordered else offsets, e, ids.stride(0), PER_BLOCK=per_block, C=c,
+        BLOCK_E=block_e, ORDER=ordered, NCP=triton.next_power_of_2(h // c), num_warps=4,
+    )  # fmt: skip
+    return (offsets, blocks, cols), order
 
 
 @triton.jit
@@ -206,6 +236,9 @@ def _chunk_colsum_kernel(
     tl.store(db_ptr + chunk * C + oc, acc.to(db_ptr.dtype.element_ty))
 
 
+_COLSUM = FastLaunch(_chunk_colsum_kernel)
+
+
 def chunk_colsum(
     a: torch.Tensor, ids: torch.Tensor, v: int, c: int, h: int,
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -234,9 +267,7 @@ def chunk_colsum(
             )
         part = tile_sums
     db = torch.empty(h, device=a.device, dtype=a.dtype)
-    _chunk_colsum_kernel[(h // c,)](
-        part, db, offsets, blocks, cols, kc, per_block, C=c, ENT=max(1, 2048 // c), num_warps=4
-    )
+    _COLSUM[(h // c,)](part, db, offsets, blocks, cols, kc, per_block, C=c, ENT=max(1, 2048 // c), num_warps=4)
     return db
 
 
@@ -358,7 +389,7 @@ def chunk_wgrad(
     order = default_order(offsets, c, units_m) if order is None else order
     group_d = group_d or (4 if wide else 1)
     order_arg = offsets if order is None else order  # any int32 pointer: the kernel reads it only when ORDERED
-    _chunk_wgrad_kernel[(tiles, 1, split)](
+    _WGRAD[(tiles, 1, split)](
         a_src, b_src, dst, offsets, blocks, cols, order_arg, d, h, v, a.stride(0), b.stride(0),
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
         I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
@@ -368,7 +399,7 @@ def chunk_wgrad(
     )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch
         grid = (triton.cdiv(out.numel(), 2048),)
-        _sum_partials_kernel[grid](dst, out, out.numel(), SPLIT=split, BLOCK=2048, num_warps=4)
+        _SUM_PARTIALS[grid](dst, out, out.numel(), SPLIT=split, BLOCK=2048, num_warps=4)
     return out
 
 
@@ -381,6 +412,10 @@ def _sum_partials_kernel(part_ptr, out_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.co
     for s in tl.static_range(SPLIT):
         acc += tl.load(part_ptr + s * n.to(tl.int64) + i, mask=ok, other=0.0)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+_WGRAD = FastLaunch(_chunk_wgrad_kernel)
+_SUM_PARTIALS = FastLaunch(_sum_partials_kernel)
 
 
 def split_for(tiles: int, device: torch.device, per_sm: int = 4, most: int = 8) -> int:

@@ -29,10 +29,9 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
 from sparse_compile.kernels.chunk_wgrad_triton import (
     chunk_colsum,
-    chunk_csr,
+    chunk_plan,
     chunk_wgrad,
     chunk_wgrad_supports,
-    default_order,
 )
 from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatter
 from sparse_compile.kernels.cslt_linear import cslt_linear
@@ -123,8 +122,7 @@ def sqrelu_ffn_backward_gather(
         h_c = torch.empty_like(r_c, memory_format=torch.contiguous_format)
         dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
         hidden = w1.shape[0]
-        csr = chunk_csr(ids, chunk, hidden)
-        order = default_order(csr[0], chunk)  # B2's and B4's program order, built once
+        csr, order = chunk_plan(ids, chunk, hidden)  # B2's and B4's lists and program order, built once
         dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr, order=order)
         del h_c
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from sparse_compile.kernels.launch import FastLaunch
 from sparse_compile.kernels.tune_cache import TuneStore
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -119,7 +120,7 @@ def tma_for(t: torch.Tensor, tma: bool | None) -> bool:
     when its base and row stride are 16-byte aligned, as TMA requires."""
     aligned = _tma_aligned(t)
     if tma is None:
-        return TMA_DEFAULT and aligned and t.is_cuda and torch.cuda.get_device_capability(t.device) >= (9, 0)
+        return TMA_DEFAULT and aligned and t.is_cuda and capability(t.device.index) >= (9, 0)
     if tma and not aligned:
         raise ValueError(f"tma=True needs a 16-byte aligned base and row stride; got stride {t.stride()}")
     return tma
@@ -145,6 +146,18 @@ def _run_operand(b: torch.Tensor, transposed: bool, use_tma: bool, chunk: int):
 
 def _persistent(t: torch.Tensor, persistent: bool | None) -> bool:
     return (PERSISTENT_DEFAULT and t.is_cuda) if persistent is None else persistent
+
+
+def capability(index: int | None) -> tuple[int, int]:
+    """(major, minor) compute capability of CUDA device ``index`` (None: the current one), asked
+    once per device: torch's query costs ~9 us of host time per call on the H100 machines, and
+    tma_for runs on every gather and weight-gradient launch."""
+    return _capability(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 @functools.cache
@@ -377,6 +390,8 @@ def _gather_n_kernel(
 # their tuning choices, kept on disk per machine (kernels/tune_cache.py)
 _K_STORE = TuneStore(_gather_k_kernel)
 _N_STORE = TuneStore(_gather_n_kernel)
+_GATHER_K = FastLaunch(_gather_k_kernel)
+_GATHER_N = FastLaunch(_gather_n_kernel)
 
 
 def _check(name: str, v: int, gathered: str, chunk: int, **tensors: torch.Tensor) -> bool:
@@ -432,7 +447,7 @@ def gather_k_mm(
     use_tma = tma_for(c, tma)
     b_desc, run = _run_operand(b, b_t, use_tma, chunk)
     _K_STORE.load(c.device)
-    _gather_k_kernel[_grid(t, n, c.device, persistent=False)](
+    _GATHER_K[_grid(t, n, c.device, persistent=False)](
         c, _a_operand(c, use_tma), ids, b, b_desc, bias if bias is not None else b, out,
         t, n, kc, v, c.stride(0), ids.stride(0), b.stride(1) if b_t else b.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, IEEE=c.dtype == torch.float32, USE_TMA=use_tma, B_I32=_i32_rows(b),
@@ -487,7 +502,7 @@ def gather_n_mm(
     b_desc, run = _run_operand(bt, bt_t, use_tma, chunk)
     persist = _persistent(a, persistent)
     _N_STORE.load(a.device)
-    _gather_n_kernel[_grid(t, kc, a.device, persist)](
+    _GATHER_N[_grid(t, kc, a.device, persist)](
         a, _a_operand(a, use_tma), bt, b_desc, ids, r if r is not None else a, out, sums,
         square_out if square_out is not None else out,
         t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),

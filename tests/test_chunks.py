@@ -215,11 +215,14 @@ def test_colsum_takes_the_row_tile_sums(interpreter, rows):
             chunk_colsum(a, ids, v, c, h, tile_sums=bad)
 
 
-@pytest.mark.parametrize("t,v,m,c,h", [(128, 32, 8, 16, 512), (4096, 16, 8, 16, 1024), (512, 16, 16, 32, 2048)])
+@pytest.mark.parametrize(
+    "t,v,m,c,h", [(128, 32, 8, 16, 512), (4096, 16, 8, 16, 1024), (512, 16, 16, 32, 2048), (160, 32, 8, 16, 1536)]
+)
 def test_chunk_csr_kernel_equals_the_torch_reference(interpreter, t, v, m, c, h):
     """One launch instead of nine: the same offsets, blocks and columns (E = T/V x Kc/c entries:
-    64, 2048 (two BLOCK_E tiles) and 512), including chunks no block kept."""
-    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_csr_ref
+    64, 2048 (two BLOCK_E tiles), 512 and 240 (96 chunks in 128 histogram bins, lanes past E)),
+    including chunks no block kept; with the order, also chunk_order's ranking of the chunks."""
+    from sparse_compile.kernels.chunk_wgrad_triton import _csr, chunk_csr, chunk_csr_ref, chunk_order
 
     g = torch.Generator().manual_seed(t + c)
     z = torch.randn(t, h, generator=g)
@@ -230,6 +233,11 @@ def test_chunk_csr_kernel_equals_the_torch_reference(interpreter, t, v, m, c, h)
         assert a.dtype == torch.int32 and torch.equal(a, b), name
     counts = want[0].diff()  # the boosted chunks: kept by all T/V blocks; their group's others: by none
     assert counts.max() == t // v and (counts == 0).any()
+    csr, order = _csr(ids, c, h, ordered=True)
+    for a, b in zip(csr, want, strict=True):
+        assert torch.equal(a, b)
+    assert order.dtype == torch.int32 and torch.equal(order, chunk_order(want[0]))
+    assert len(set(counts.tolist())) > 2  # ties and distinct counts both ranked
     with pytest.raises(ValueError, match="int32"):
         chunk_csr(ids.long(), c, h)
 

@@ -221,10 +221,12 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     types = {"part_ptr": "*fp32", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
     names = "part_ptr db_ptr offsets_ptr blocks_ptr cols_ptr KC R C ENT"
     cases.append(("chunk colsum", chunk_wgrad._chunk_colsum_kernel, _sig(names, ce, types), ce))
-    ce = {"PER_BLOCK": 16, "C": 64, "BLOCK_E": 1024}
-    types = {k: "*i32" for k in ("ids_ptr", "offsets_ptr", "blocks_ptr", "cols_ptr")}
-    names = "ids_ptr offsets_ptr blocks_ptr cols_ptr E stride_ids PER_BLOCK C BLOCK_E"
-    cases.append(("chunk csr", chunk_wgrad._chunk_csr_kernel, _sig(names, ce, types), ce))
+    types = {k: "*i32" for k in ("ids_ptr", "offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")}
+    names = "ids_ptr offsets_ptr blocks_ptr cols_ptr order_ptr E stride_ids PER_BLOCK C BLOCK_E ORDER NCP"
+    for ordered in (False, True):  # the c = 128 tile's csr also ranks the chunks (128 bins: 2.7B's 96 chunks)
+        ce = {"PER_BLOCK": 16, "C": 128 if ordered else 64, "BLOCK_E": 1024, "ORDER": ordered, "NCP": 128}
+        label = "chunk csr" + (" + order" if ordered else "")
+        cases.append((label, chunk_wgrad._chunk_csr_kernel, _sig(names, ce, types), ce))
     ce = {"SPLIT": 4, "BLOCK": 2048}
     types = {"part_ptr": "*fp32", "out_ptr": "*bf16"}
     sig = _sig("part_ptr out_ptr n SPLIT BLOCK", ce, types)

@@ -91,15 +91,20 @@ def test_gathers_read_w2_in_place(c, persistent):
     assert _rel(dx, gather_k_mm_ref(dz, ids, w1, 128)) < 1e-2
 
 
-@pytest.mark.parametrize("h,c", [(4096, 64), (8192, 64), (8192, 32), (12288, 64)])
+@pytest.mark.parametrize("h,c", [(4096, 64), (8192, 64), (8192, 32), (12288, 64), (4096, 128), (12288, 128)])
 def test_chunk_csr_kernel_equals_torch_at_full_size(h, c):
-    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_csr_ref
+    """The csr lists, and for the c = 128 tile (chunk_plan) the chunks' order from the same launch."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr_ref, chunk_order, chunk_plan
 
     g = torch.Generator(device="cuda").manual_seed(h + c)
     _, _, ids = vnm_compact_ref(torch.randn(16384, h, device="cuda", generator=g).bfloat16(), None, 128, 4, 16, c)
     _poison()
-    for name, a, b in zip(("offsets", "blocks", "cols"), chunk_csr(ids, c, h), chunk_csr_ref(ids, c, h), strict=True):
+    (csr, order), want = chunk_plan(ids, c, h), chunk_csr_ref(ids, c, h)
+    for name, a, b in zip(("offsets", "blocks", "cols"), csr, want, strict=True):
         assert torch.equal(a, b), name
+    assert (order is None) == (c < 128)
+    if order is not None:
+        assert torch.equal(order, chunk_order(want[0]))
 
 
 @pytest.mark.parametrize("split", [None, 1, 2, 8])
@@ -192,3 +197,40 @@ def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels(options):
     fast, kernels, _ = train_gpt({**options, "kernels": "auto"})
     assert kernels == {GATHER}
     assert_trains_like_reference(fast, options)
+
+
+def test_fast_launch_is_bit_equal_to_triton_s_launch_path():
+    """The chunked FFN's forward and backward kernels (causal 128:4:16 in chunks of 128: the c = 128
+    tile with its in-kernel chunk order; and 128:4:8 in chunks of 64), two shapes interleaved so each
+    launcher's signatures alternate (the gather-N's tuned row tile, read after each launch, differs
+    between them), through kernels/launch.py and through Triton's own path: equal bit for bit."""
+    from sparse_compile.kernels.chunk_wgrad_triton import _csr, chunk_csr_ref, chunk_order
+    from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather, sqrelu_ffn_forward_gather
+    from sparse_compile.kernels.launch import FastLaunch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).bfloat16()
+
+    cases = []
+    for (t, d, h), (v, n, m, c) in (((16384, 1024, 4096), (128, 4, 16, 128)), ((8192, 2048, 8192), (128, 4, 8, 64))):
+        x, w1, b1, w2, b2, dy = r(t, d), r(h, d, scale=0.03), r(h, scale=0.1), r(d, h, scale=0.02), r(d), r(t, d)
+        cases.append((x, w1, b1, w2, b2, dy, v, n, m, c))
+
+    def run(x, w1, b1, w2, b2, dy, v, n, m, c):
+        y, r_c, ids = sqrelu_ffn_forward_gather(x, w1, b1, w2, b2, v, n, m, None, frozenset(), c, 2048)
+        return (y, r_c, ids, *sqrelu_ffn_backward_gather(dy, x, w1, w2, r_c, ids, v, m, chunk=c))
+
+    fast = [[run(*case) for case in cases] for _ in range(3)][-1]  # signatures seen: the compiled launchers
+    FastLaunch.active = False
+    try:
+        slow = [run(*case) for case in cases]
+    finally:
+        FastLaunch.active = True
+    for got, want in zip(fast, slow, strict=True):
+        for name, a, b in zip(("y", "r_c", "ids", "dx", "dw1", "db1", "dw2", "db2"), got, want, strict=True):
+            assert torch.equal(a, b), name
+    ids = fast[0][2]
+    csr, order = _csr(ids, 128, 4096, ordered=True)
+    assert torch.equal(order, chunk_order(chunk_csr_ref(ids, 128, 4096)[0]))

@@ -1,0 +1,117 @@
+"""Triton launches with the per-call work done once per signature (host time, not GPU time).
+
+``kernel[grid](*args, **kwargs)`` costs 17-26 us of host time per launch on the H100 machines for a
+one-program kernel, and 60-120 us for the gather and weight-gradient kernels (30 arguments, an
+autotuner, TMA descriptors), against 8-10 us for the compiled kernel's own launcher
+(``python -m bench.op_host_time``'s launch rows and anatomy, bench/RESULTS.md section 2). Per call
+Triton binds and specializes every argument, builds the cache key, finds the autotuned config and
+merges keyword dicts; at 350M the sparse FFN's 10 Triton launches per site and step are a large
+part of why the step is host-bound.
+
+``FastLaunch(kernel)[grid](*args, **kwargs)`` launches the same compiled kernel with the same
+arguments. The first call with a given signature goes through Triton (compiling, autotuning) and
+records the compiled kernel and the config it ran; later calls with that signature call the
+compiled kernel's launcher directly. The signature keeps every value Triton specializes on, and
+more: each tensor's dtype and whether its address is 16-byte aligned; every other argument by type
+and value (sizes, strides, flags, launch options), a TMA descriptor by its base's dtype and
+alignment, shape, strides and block shape. A call whose signature was not seen, or with an argument
+of another type, takes Triton's path. Under the CPU interpreter (``TRITON_INTERPRET=1``), or with
+``SPARSE_COMPILE_FAST_LAUNCH=0``, every call takes Triton's path. An autotuned kernel's
+``best_config`` is set to the config each launch ran, as Triton's own launch does, and the
+config's pre_hook runs before each launch.
+"""
+
+import inspect
+import os
+from collections.abc import Callable
+
+import torch
+from triton.runtime import driver
+from triton.runtime.autotuner import Autotuner
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+_SCALARS = (int, bool, float, str, type(None))
+
+
+def _arg_key(v):
+    """What of one argument the signature keeps; None when its type is not one this module reads."""
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.data_ptr() % 16 == 0
+    if type(v) in _SCALARS:
+        return type(v), v
+    if isinstance(v, TensorDescriptor):
+        b = v.base
+        return TensorDescriptor, b.dtype, b.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides), tuple(v.block_shape)
+    return None
+
+
+def signature(args: tuple, kwargs: dict) -> tuple | None:
+    """The launch's signature (see the module doc), or None when an argument has another type."""
+    key = []
+    for v in args:
+        k = _arg_key(v)
+        if k is None:
+            return None
+        key.append(k)
+    for name, v in kwargs.items():
+        k = _arg_key(v)
+        if k is None:
+            return None
+        key.append((name, k))
+    return tuple(key)
+
+
+class FastLaunch:
+    """``kernel`` (a ``triton.jit`` function or a ``triton.autotune`` over one) launched as
+    ``FastLaunch(kernel)[grid](*args, **kwargs)``, with the same grid forms Triton takes."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.tuned = isinstance(kernel, Autotuner)
+        jit = kernel.fn if self.tuned else kernel
+        params = inspect.signature(jit.fn).parameters
+        self.names = list(params)
+        self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        self._entries: dict[tuple, tuple] = {}
+
+    # off: every launch takes Triton's path (benchmarks compare the two; SPARSE_COMPILE_FAST_LAUNCH=0)
+    active = os.environ.get("SPARSE_COMPILE_FAST_LAUNCH", "1") != "0"
+
+    @classmethod
+    def enabled(cls) -> bool:
+        """Active, and not under the CPU interpreter, whose kernels have no compiled launcher."""
+        return cls.active and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+    def __getitem__(self, grid) -> Callable:
+        return lambda *args, **kwargs: self.run(grid, args, kwargs)
+
+    def run(self, grid, args: tuple, kwargs: dict):
+        if not self.enabled():
+            return self.kernel[grid](*args, **kwargs)
+        device = driver.active.get_current_device()  # a compiled kernel is loaded per device
+        sig = signature(args, kwargs)
+        key = None if sig is None else (device, sig)
+        entry = None if key is None else self._entries.get(key)
+        if entry is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            if key is not None:
+                compiled = compiled.result() if hasattr(compiled, "result") else compiled
+                config = self.kernel.best_config if self.tuned else None
+                self._entries[key] = (compiled, config)
+            return compiled
+        compiled, config = entry
+        named = dict(self.defaults)
+        named.update(zip(self.names, args, strict=False))  # the rest come as keywords
+        named.update(kwargs)
+        if config is not None:
+            named.update(config.kwargs)
+            self.kernel.best_config = config
+            if config.pre_hook is not None:
+                config.pre_hook(named)
+        g = grid(named) if callable(grid) else grid
+        stream = driver.active.get_current_stream(device)
+        compiled.run(
+            g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, stream, compiled.function,
+            compiled.packed_metadata, None, None, None, *[named[n] for n in self.names],
+        )  # fmt: skip
+        return compiled
