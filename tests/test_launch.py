@@ -162,3 +162,11 @@ def test_an_autotuned_kernel_launches_with_its_config(compiled_launcher):
     assert [c[0] for c in tuner.fn.calls] == ["triton", "fast"]
     assert tuner.fn.calls[1][1] == (8, 1, 1, 77, "fn", "meta", None, None, None, x, 1024, True, 128, 3)
     assert len(tuner.hooks) == 1 and tuner.hooks[0]["BLOCK"] == 128 and tuner.hooks[0]["x_ptr"] is x
+
+
+def test_a_keyword_and_a_positional_value_make_different_signatures():
+    x = torch.randn(4)
+    assert signature((x, 1), {}) != signature((x,), {"n": 1})
+    assert signature((x, "n", 1), {}) != signature((x,), {"n": 1})
+    assert signature((x, True), {}) != signature((x, 1), {})
+    assert signature((x, 1), {}) == signature((torch.randn(4), 1), {})  # values of tensors: not kept
