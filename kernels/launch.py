@@ -16,9 +16,11 @@ more: each tensor's dtype and whether its address is 16-byte aligned; every othe
 and value (sizes, strides, flags, launch options), a TMA descriptor by its base's dtype and
 alignment, shape, strides and block shape. A call whose signature was not seen, or with an argument
 of another type, takes Triton's path. Under the CPU interpreter (``TRITON_INTERPRET=1``), or with
-``SPARSE_COMPILE_FAST_LAUNCH=0``, every call takes Triton's path. An autotuned kernel's
-``best_config`` is set to the config each launch ran, as Triton's own launch does, and the
-config's pre_hook runs before each launch.
+``SPARSE_COMPILE_FAST_LAUNCH=0``, or with a Triton release other than the ones in ``TESTED``
+(the launcher's arguments are Triton's internals), every call takes Triton's path. Triton's
+launch hooks (``knobs.runtime.launch_enter_hook``, used by its own profiler) are not called on
+the direct path. An autotuned kernel's ``best_config`` is set to the config each launch ran,
+as Triton's own launch does, and the config's pre_hook runs before each launch.
 """
 
 import inspect
@@ -26,10 +28,12 @@ import os
 from collections.abc import Callable
 
 import torch
+import triton
 from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+TESTED = ("3.6.",)  # Triton releases whose launcher FastLaunch calls: checked bit-equal on a GPU
 _SCALARS = frozenset((int, bool, float, str, type(None)))
 
 
@@ -60,6 +64,11 @@ def signature(args: tuple, kwargs: dict) -> tuple | None:
     return tuple(key)
 
 
+def default_active(version: str, env: str | None) -> bool:
+    """Whether FastLaunch starts on: a tested Triton release, and SPARSE_COMPILE_FAST_LAUNCH not "0"."""
+    return env != "0" and version.startswith(TESTED)
+
+
 class FastLaunch:
     """``kernel`` (a ``triton.jit`` function or a ``triton.autotune`` over one) launched as
     ``FastLaunch(kernel)[grid](*args, **kwargs)``, with the same grid forms Triton takes."""
@@ -73,8 +82,10 @@ class FastLaunch:
         self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
         self._entries: dict[tuple, tuple] = {}
 
-    # off: every launch takes Triton's path (benchmarks compare the two; SPARSE_COMPILE_FAST_LAUNCH=0)
-    active = os.environ.get("SPARSE_COMPILE_FAST_LAUNCH", "1") != "0"
+    # off: every launch takes Triton's path (benchmarks compare the two; SPARSE_COMPILE_FAST_LAUNCH=0).
+    # On only with the Triton it was checked against (3.6: the compiled launcher's arguments are
+    # Triton's internals and may change in another release)
+    active = default_active(triton.__version__, os.environ.get("SPARSE_COMPILE_FAST_LAUNCH"))
 
     @classmethod
     def enabled(cls) -> bool:

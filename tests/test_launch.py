@@ -170,3 +170,11 @@ def test_a_keyword_and_a_positional_value_make_different_signatures():
     assert signature((x, "n", 1), {}) != signature((x,), {"n": 1})
     assert signature((x, True), {}) != signature((x, 1), {})
     assert signature((x, 1), {}) == signature((torch.randn(4), 1), {})  # values of tensors: not kept
+
+
+def test_on_only_with_a_tested_triton_and_not_switched_off():
+    from sparse_compile.kernels.launch import default_active
+
+    assert default_active("3.6.0", None) and default_active("3.6.1", "1")
+    assert not default_active("3.6.0", "0")
+    assert not default_active("3.7.0", None) and not default_active("3.60.0", None)
