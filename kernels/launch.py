@@ -39,8 +39,8 @@ _SCALARS = frozenset((int, bool, float, str, type(None)))
 
 def signature(args: tuple, kwargs: dict) -> tuple | None:
     """The launch's signature (see the module doc), or None when an argument has another type.
-    Flat, one marker per argument (its type, or a tensor's dtype) before its values: ~8 us for
-    the gather kernels' 30 arguments, the per-argument tuples it replaced took ~25."""
+    Flat, one marker per argument (its type, or a tensor's dtype) before its values: 4 us for 30
+    arguments on the CPU machine; per-argument tuples took 25 us per launch on the H100 machine."""
     key = [len(args)]  # then the positional values, the keywords' names, their values
     add = key.append
     for v in (*args, *kwargs, *kwargs.values()):
