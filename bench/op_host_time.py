@@ -46,11 +46,10 @@ def _tiny_kernel(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
 
 
-@triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4)], key=["n"])
-@triton.jit
-def _tiny_tuned_kernel(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+# the same body, a second jit object under the autotuner
+_tiny_tuned_kernel = triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4)], key=["n"])(
+    triton.jit(_tiny_kernel.fn)
+)
 
 
 @triton.jit
@@ -128,6 +127,22 @@ class _TimedKernel:
         return getattr(self._kernel, name)
 
 
+def busy_calls(f: Callable[[], object], n: int, prof: cProfile.Profile | None = None) -> float:
+    """Host us per call of n calls of f, timed (and profiled by ``prof``) behind ~2 s of GPU work
+    queued first: no call waits for the GPU."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))
+    if prof is not None:
+        prof.enable()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f()
+    us = 1e6 * (time.perf_counter() - t0) / n
+    if prof is not None:
+        prof.disable()
+    return us
+
+
 def _triton_path(f: Callable[[], object]) -> Callable[[], object]:
     """f with FastLaunch off for its duration: every launch through Triton's own path."""
     from sparse_compile.kernels.launch import FastLaunch
@@ -188,12 +203,7 @@ def anatomy(calls: dict[str, Callable[[], object]], n: int) -> str:
         for label, f in calls.items():
             f()
             totals.clear(), counts.clear()
-            torch.cuda.synchronize()
-            torch.cuda._sleep(int(3e9))
-            t0 = time.perf_counter()
-            for _ in range(n):
-                f()
-            total = 1e6 * (time.perf_counter() - t0) / n
+            total = busy_calls(f, n)
             torch.cuda.synchronize()
             lines.append(f"== anatomy: {label}, {total:.1f} us per call (timers included)")
             for name in sorted(totals, key=totals.get, reverse=True):
@@ -249,12 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {name: [] for name in calls}
     for order in round_orders(list(calls), args.rounds):  # a row's figure must not depend on its place
         for name in order:
-            torch.cuda.synchronize()
-            torch.cuda._sleep(int(3e9))  # ~2 s of GPU work queued first: no call below waits for the GPU
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                calls[name]()
-            times[name].append(1e6 * (time.perf_counter() - t0) / args.calls)
+            times[name].append(busy_calls(calls[name], args.calls))
     torch.cuda.synchronize()
     print(f"{'call':40s} host us/call (GPU busy): median, min-max of {args.rounds} rounds   launches/call")
     for name, f in calls.items():
@@ -265,13 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         t = times[name]
         print(f"{name:40s} {statistics.median(t):10.1f}  {min(t):8.1f}-{max(t):<8.1f}   {launches}", flush=True)
     for name in ("fwd kernels", "bwd kernels", "fwd op (dispatcher)"):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(3e9))
         prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.calls):
-            calls[name]()
-        prof.disable()
+        busy_calls(calls[name], args.calls, prof)
         torch.cuda.synchronize()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)

@@ -81,16 +81,17 @@ class FastLaunch:
         self.names = list(params)
         self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
         self._entries: dict[tuple, tuple] = {}
+        # the CPU interpreter (decided at import, as triton.jit decides it): no compiled launcher
+        self._interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
     # off: every launch takes Triton's path (benchmarks compare the two; SPARSE_COMPILE_FAST_LAUNCH=0).
     # On only with the Triton it was checked against (3.6: the compiled launcher's arguments are
     # Triton's internals and may change in another release)
     active = default_active(triton.__version__, os.environ.get("SPARSE_COMPILE_FAST_LAUNCH"))
 
-    @classmethod
-    def enabled(cls) -> bool:
+    def enabled(self) -> bool:
         """Active, and not under the CPU interpreter, whose kernels have no compiled launcher."""
-        return cls.active and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        return self.active and not self._interpreted
 
     def __getitem__(self, grid) -> Callable:
         return lambda *args, **kwargs: self.run(grid, args, kwargs)
