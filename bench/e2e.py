@@ -11,6 +11,12 @@ Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
   peak memory  torch.cuda.max_memory_allocated over all steps
+  host ms      median time for the host to enqueue a timed step (until train_step returns, before
+               the step's synchronize): equal to step ms where the step is host-bound
+  cpu ms       median CPU time of the process per timed step, every thread (the autograd engine runs
+               the backward on its own thread); gc ms: Python's garbage collector, per timed step
+  probe ms     a fixed pure-Python workload timed before the steps (median of 5): how fast this
+               process's CPU runs Python, to tell a slower machine from more host work
   compile s    wall time of the warm-up steps minus as many median steps (compiles, autotuning,
                the sparse backend's per-shape kernel choices); shorter when the gather kernels'
                tuning for these shapes is already on disk (the "tuned kernels" field of the CSV)
@@ -69,6 +75,40 @@ GRAPH_UNGROUPED = ("FFN GEMMs", "other GEMMs", "sparse kernels", "other")
 GRAPH_GROUP = "CUDA graph (not grouped)"
 GPU_CONFIGS = ["dense", "default", "activation24", "weight24", '{"activations": "128:2:16"}']
 DATA_BATCHES = 4  # distinct batches cycled through the steps
+
+
+def cpu_probe_ms(repeats: int = 5) -> float:
+    """Median ms of a fixed pure-Python workload (dict and list churn, about 10 ms on the GPU machines'
+    CPUs): the same number on every process of one machine unless its CPU runs slower."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        d: dict[int, list[int]] = {}
+        for i in range(40_000):
+            d[i % 997] = [i, i + 1]
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+class GcTimer:
+    """Wall time spent in Python's garbage collector while active (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+
+    def __enter__(self) -> "GcTimer":
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,13 +228,20 @@ def run_one(
 
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
+    probe = cpu_probe_ms()
+    times, host_times, cpu_times = [], [], []
+    gc_timer = GcTimer()
     for i in range(args.warmup + args.steps):
         sync()
-        t0 = time.perf_counter()
+        if i == args.warmup:
+            gc_timer.__enter__()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = step(i)
+        host_times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         sync()
         times.append(time.perf_counter() - t0)
+    gc_timer.__exit__()
     median = statistics.median(times[args.warmup :])
     tokens = args.batch_size * args.seq_len * d.world
     row = {
@@ -206,6 +253,10 @@ def run_one(
         "gpus": d.world,
         "tokens_per_step": tokens,
         "step_ms": round(median * 1e3, 2),
+        "host_ms": round(statistics.median(host_times[args.warmup :]) * 1e3, 2),
+        "cpu_ms": round(statistics.median(cpu_times[args.warmup :]) * 1e3, 2),
+        "gc_ms": round(gc_timer.seconds * 1e3 / args.steps, 2),
+        "probe_ms": round(probe, 2),
         "tokens_per_s": round(tokens / median),
         "tokens_per_s_per_gpu": round(tokens / median / d.world),
         "vs_one_gpu": "",
@@ -304,8 +355,10 @@ def _fill_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["size", "config", "tokens/s", "speedup", "step ms", "peak GiB", "vs dense", "compile s"]
-    keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "peak_mem_GiB", "mem_vs_dense", "compile_s"]
+    head = ["size", "config", "tokens/s", "speedup", "step ms", "host ms", "cpu ms", "gc ms", "probe ms"]
+    head += ["peak GiB", "vs dense", "compile s"]
+    keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "host_ms", "cpu_ms", "gc_ms", "probe_ms"]
+    keys += ["peak_mem_GiB", "mem_vs_dense", "compile_s"]
     if any(r.get("gpus", 1) > 1 for r in rows):
         head[3:3] = ["GPUs", "per GPU", "vs one GPU"]
         keys[3:3] = ["gpus", "tokens_per_s_per_gpu", "vs_one_gpu"]

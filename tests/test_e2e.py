@@ -1,6 +1,7 @@
 """bench.e2e and the step profile's grouping (bench/step_profile.py)."""
 
 import csv
+import gc
 import math
 import socket
 import subprocess
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, backend_options, ungroup_graphs
+from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, GcTimer, backend_options, ungroup_graphs
 from bench.e2e import main as e2e_main
 from bench.step_profile import GROUPS, breakdown, classify, host, host_calls
 
@@ -158,9 +159,21 @@ def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
     assert rows[0]["speedup"] == "1.0" and float(rows[1]["speedup"]) > 0
     assert rows[1]["sites"] == "4/4 sparse: reference"  # the tiny GPT's four FFNs, CPU kernels
     assert all(float(r["tokens_per_s"]) > 0 and math.isfinite(float(r["last_loss"])) for r in rows)
+    for r in rows:  # on the CPU the host runs every op itself: the step is all host time
+        assert 0 < float(r["host_ms"]) <= float(r["step_ms"]) and float(r["cpu_ms"]) > 0
+        assert float(r["gc_ms"]) >= 0 and float(r["probe_ms"]) > 0
     assert "sparse_compile report" in (out / "summary.txt").read_text()
     assert {r["compile_mode"] for r in rows} == {"default"}
     assert not (out / "host_profile.txt").exists()
+
+
+def test_gc_timer_times_collections_only_while_active():
+    with GcTimer() as t:
+        gc.collect()
+    assert t.seconds > 0 and t._cb not in gc.callbacks
+    spent = t.seconds
+    gc.collect()
+    assert t.seconds == spent
 
 
 def test_e2e_host_profile_names_the_op_among_the_functions(tmp_path):
