@@ -22,9 +22,6 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                db1 from dZ~ (one more read of dZ~); the check: the two dZ~'s and db1's relative differences
   B1 + B2      B1's epilogue also writing H~ = round(r_c^2), then B2 on it (the op's path), against B1
                and then B2 squaring r_c on its way to the MMA; and B1 with and without the H~ write
-  B2 + B4, one launch  both weight gradients in one grid (chunk_wgrad_pair, the op's path) against
-               two launches; check: bit-equal. With --skew large (5) every block keeps the same chunks
-               ("chunks kept" = Kc/c), as in bench.e2e's steps: Kc/c x D/256 busy tiles per product
   csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -46,15 +43,7 @@ from sparse_compile.kernels import gather_gemm_triton
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
-from sparse_compile.kernels.chunk_wgrad_triton import (
-    WgradOperands,
-    chunk_colsum,
-    chunk_csr,
-    chunk_csr_ref,
-    chunk_plan,
-    chunk_wgrad,
-    chunk_wgrad_pair,
-)
+from sparse_compile.kernels.chunk_wgrad_triton import chunk_colsum, chunk_csr, chunk_csr_ref, chunk_wgrad
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
@@ -152,7 +141,7 @@ def measure(
     csr = chunk_csr(ids, c, h)
     kept = csr[0].diff().float()  # blocks keeping each chunk: the longest B2/B4 program over the mean
     label["max / mean kept"] = round((kept.max() / kept.mean()).item(), 2)
-    label["chunks kept"] = int((kept > 0).sum())  # by any block: Kc/c when every block keeps the same
+    label["chunks kept"] = int((kept > 0).sum())  # by any block: Kc/c when every block keeps the same ones
     same = all(torch.equal(a, b) for a, b in zip(csr, chunk_csr_ref(ids, c, h), strict=True))
     rows.append({**label, "kernel": "csr", "ms": _ms(lambda: chunk_csr(ids, c, h)), "check": same,
                  "baseline": "torch (~10 launches)", "baseline ms": _ms(lambda: chunk_csr_ref(ids, c, h))})  # fmt: skip
@@ -174,20 +163,6 @@ def measure(
         ceiling = _ms(lambda a=dense_a[:kred], b=b[:kred]: a.t() @ b)
         rows.append({**label, "kernel": name, "ms": ms, "of ceiling": ceiling / ms, "check": f"rel {err:.1e}",
                      "baseline": "cuBLAS dense", "baseline ms": dense_ms, "ceiling ms": ceiling})  # fmt: skip
-    # B2 and B4 as the op runs them: one launch (chunk_wgrad_pair) against two; check: bit-equal
-    plan = chunk_plan(ids, c, h)
-    b2, b4 = WgradOperands(h_c, dy, transpose=True), WgradOperands(dz_c, x)
-
-    def apart():
-        return (chunk_wgrad(h_c, ids, dy, v, c, h, transpose=True, csr=plan[0], order=plan[1]),
-                chunk_wgrad(dz_c, ids, x, v, c, h, csr=plan[0], order=plan[1]))  # fmt: skip
-
-    def paired():
-        return chunk_wgrad_pair(b2, b4, ids, v, c, h, csr=plan[0], order=plan[1])
-
-    same = all(torch.equal(a, b) for a, b in zip(paired(), apart(), strict=True))
-    rows.append({**label, "kernel": "B2 + B4, one launch", "ms": _ms(paired), "check": same,
-                 "baseline": "B2, then B4", "baseline ms": _ms(apart)})  # fmt: skip
     db = chunk_colsum(dz_c, ids, v, c, h, csr)
     err = _rel(db, vnm_scatter_ref(dz_c, ids, v, h).float().sum(0))
     ms = _ms(lambda: chunk_colsum(dz_c, ids, v, c, h, csr))

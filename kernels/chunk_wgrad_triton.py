@@ -33,8 +33,6 @@ that B1's gather-N epilogue wrote), then one program per chunk over the same csr
 Summed inside the wgrad kernel it either raced (tl.sum) or cost +78% (a ones dot).
 """
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -135,15 +133,22 @@ def _csr(ids: torch.Tensor, c: int, h: int, ordered: bool):
 
 
 @triton.jit
-def _wgrad_tile(
-    pid, split_id, a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr, D, H, V, stride_a, stride_b,
-    split_stride, C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
+def _chunk_wgrad_kernel(
+    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr, D, H, V, stride_a, stride_b,
+    C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr, GROUP_D: tl.constexpr,
     ORDERED: tl.constexpr,
 ):  # fmt: skip
-    """Output tile ``pid`` (split piece ``split_id``) of one product: see _chunk_wgrad_kernel."""
-    d_tile, rank = _tile(pid, D, H, BLOCK_D, C, GROUP_D)
+    """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
+    out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
+    MMA's M), else [BLOCK_D, C] += B^T A. USE_TMA: a_ptr and b_ptr are TMA descriptors of A [T, Kc]
+    ([BLOCK_K, C] tiles) and B [T, D] ([BLOCK_K, BLOCK_D] tiles, zero-filled past D): each K step is
+    two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in registers.
+    Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2), chunks in
+    ``order_ptr``'s order with ORDERED (most kept blocks first: the longest programs start first),
+    else in chunk-id order, then the next GROUP_D D tiles."""
+    d_tile, rank = _tile(tl.program_id(0), D, H, BLOCK_D, C, GROUP_D)
     chunk = tl.load(order_ptr + rank) if ORDERED else rank
     dd = d_tile * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < D
@@ -155,7 +160,7 @@ def _wgrad_tile(
     i0 = 0
     if SPLIT > 1:  # this program's share of the K steps: [i0, n_iter)
         share = tl.cdiv(n_iter, SPLIT)
-        i0 = split_id * share
+        i0 = tl.program_id(2) * share
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((C, BLOCK_D) if UNITS_M else (BLOCK_D, C), dtype=tl.float32)
     # A feeds the dot only: a tl.sum of A's tile here (db1) makes Triton 3.6 keep one shared buffer of
@@ -201,51 +206,9 @@ def _wgrad_tile(
         else:
             dst = units[None, :].to(tl.int64) * D + dd[:, None]
         d_mask = d_ok[:, None]
-    if SPLIT > 1:  # out is float32 partials, split_stride apart
-        dst += split_id.to(tl.int64) * split_stride
+    if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H]
+        dst += tl.program_id(2).to(tl.int64) * D * H
     tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
-
-
-@triton.jit
-def _chunk_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, a2_ptr, b2_ptr, out2_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr,
-    D, H, V, stride_a, stride_b, stride_a2, stride_b2, TILES, split_stride,
-    C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
-    TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr, GROUP_D: tl.constexpr,
-    ORDERED: tl.constexpr, PAIR: tl.constexpr, SQUARE2: tl.constexpr, TRANSPOSE2: tl.constexpr,
-):  # fmt: skip
-    """With SPLIT > 1, out_ptr is float32 partials: split s of element i at s * split_stride + i; with
-    SPLIT = 1, out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units
-    along the MMA's M), else [BLOCK_D, C] += B^T A. USE_TMA: a_ptr and b_ptr are TMA descriptors of A
-    [T, Kc] ([BLOCK_K, C] tiles) and B [T, D] ([BLOCK_K, BLOCK_D] tiles, zero-filled past D): each K
-    step is two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in
-    registers. Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2),
-    chunks in ``order_ptr``'s order with ORDERED (most kept blocks first: the longest programs start
-    first), else in chunk-id order, then the next GROUP_D D tiles. PAIR: programs TILES.. compute a
-    second product of the same chunks and shapes (a2, b2, out2; SQUARE2, TRANSPOSE2) in the same
-    launch, so its first programs fill the SMs the first product's last wave leaves idle."""
-    pid = tl.program_id(0)
-    split_id = tl.program_id(2)
-    if PAIR:
-        if pid >= TILES:
-            _wgrad_tile(
-                pid - TILES, split_id, a2_ptr, b2_ptr, out2_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr,
-                D, H, V, stride_a2, stride_b2, split_stride, C, BLOCK_D, BLOCK_K, SQUARE2, TRANSPOSE2, EVEN_D,
-                I64, IEEE, SPLIT, UNITS_M, USE_TMA, GROUP_D, ORDERED,
-            )  # fmt: skip
-        else:
-            _wgrad_tile(
-                pid, split_id, a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr,
-                D, H, V, stride_a, stride_b, split_stride, C, BLOCK_D, BLOCK_K, SQUARE, TRANSPOSE, EVEN_D,
-                I64, IEEE, SPLIT, UNITS_M, USE_TMA, GROUP_D, ORDERED,
-            )  # fmt: skip
-    else:
-        _wgrad_tile(
-            pid, split_id, a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr,
-            D, H, V, stride_a, stride_b, split_stride, C, BLOCK_D, BLOCK_K, SQUARE, TRANSPOSE, EVEN_D,
-            I64, IEEE, SPLIT, UNITS_M, USE_TMA, GROUP_D, ORDERED,
-        )  # fmt: skip
 
 
 @triton.jit
@@ -343,16 +306,6 @@ def _check(a: torch.Tensor, ids: torch.Tensor, b: torch.Tensor, v: int, c: int, 
         )
 
 
-class WgradOperands(NamedTuple):
-    """One weight-gradient product of chunk_wgrad: scatter(a)^T @ b (``square``: a*a, rounded, for a;
-    ``transpose``: the [D, h] transpose, contiguous)."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    square: bool = False
-    transpose: bool = False
-
-
 def chunk_wgrad(
     a: torch.Tensor,
     ids: torch.Tensor,
@@ -388,65 +341,14 @@ def chunk_wgrad(
     ``tma``: load a and b through TMA descriptors (None: for c >= 128 on sm90+ where both are 16-byte
     aligned; c = 64 measured no faster through TMA). None for block_d, num_warps, num_stages: the
     measured defaults per c."""
-    tiling = dict(group_d=group_d, block_d=block_d, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
-    tiling |= dict(split=split, units_m=units_m, tma=tma)
-    return _wgrad([WgradOperands(a, b, square, transpose)], ids, v, c, h, csr, order, **tiling)[0]
-
-
-def chunk_wgrad_pair(
-    first: WgradOperands,
-    second: WgradOperands,
-    ids: torch.Tensor,
-    v: int,
-    c: int,
-    h: int,
-    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    order: torch.Tensor | None = None,
-    **tiling,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two products of chunk_wgrad over the same ids (B2 and B4: a [T, Kc] each, b [T, D] each, one
-    D) in one launch: the first's tiles, then the second's, each tile computed as chunk_wgrad computes
-    it (equal outputs). Where one product's busy tiles leave its last wave part-empty (every block
-    keeping the same chunks: Kc/c x D/256 tiles of work; 288 on 132 SMs at (d, h) = (3072, 12288),
-    2.2 waves), the second's fill it (576: 4.4 waves). ``tiling``: chunk_wgrad's keywords; split
-    counts the paired tiles."""
-    if first.a.shape != second.a.shape or first.b.shape != second.b.shape:
-        raise ValueError(
-            f"chunk_wgrad_pair: a {tuple(first.a.shape)} / {tuple(second.a.shape)} and b {tuple(first.b.shape)} / "
-            f"{tuple(second.b.shape)}: the two products need equal shapes"
-        )
-    out1, out2 = _wgrad([first, second], ids, v, c, h, csr, order, **tiling)
-    return out1, out2
-
-
-def _wgrad(
-    problems: list[WgradOperands],
-    ids: torch.Tensor,
-    v: int,
-    c: int,
-    h: int,
-    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    order: torch.Tensor | None,
-    group_d: int | None = None,
-    block_d: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    split: int | None = None,
-    units_m: bool = False,
-    tma: bool | None = None,
-) -> list[torch.Tensor]:
-    """chunk_wgrad of one product, or of two with equal shapes in one launch (chunk_wgrad_pair)."""
-    for op in problems:
-        _check(op.a, ids, op.b, v, c, h)
+    _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
-    unit = [(t if t.stride(1) == 1 else t.contiguous() for t in (op.a, op.b)) for op in problems]
-    problems = [op._replace(a=a, b=b) for op, (a, b) in zip(problems, unit, strict=True)]
-    a0 = problems[0].a
+    a = a if a.stride(1) == 1 else a.contiguous()
+    b = b if b.stride(1) == 1 else b.contiguous()
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
-    d = problems[0].b.shape[1]
-    outs = [torch.empty((d, h) if op.transpose else (h, d), device=a0.device, dtype=a0.dtype) for op in problems]
+    d = b.shape[1]
+    out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
     # H100, bench.chunk_kernels --sweep (bench/RESULTS.md section 2). c = 64: BLOCK_D 256, 8 warps
     # through pointers, 1.834 ms at (16384, 4096, 16384) against 2.001 for 128 / 4 warps, 0.462 vs 0.497
     # ms at (16384, 2048, 8192); through TMA no faster (0.778-0.843 against 0.784-0.863 at 128:4:8):
@@ -455,8 +357,8 @@ def _wgrad(
     # 0.632 ms against 0.897 for [128, 128] / 4 warps / 4 stages (2 buffers) at (16384, 3072, 12288),
     # 0.270 against 0.317 at (16384, 2048, 8192); the same tile at 3 or 4 stages (2 buffers, two
     # programs per SM) 0.916 / 0.408 (bench/RESULTS.md section 4, the c = 128 tilings)
-    cuda = a0.device.type == "cuda"
-    wide = _wide(c, a0.device, units_m)
+    cuda = a.device.type == "cuda"
+    wide = _wide(c, a.device, units_m)
     block_d = block_d or (32 if not cuda else 256)
     num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
     num_stages = num_stages or (5 if wide else 3)
@@ -465,29 +367,20 @@ def _wgrad(
     block_k = block_k or (64 if v % 64 == 0 else 16)
     if v % block_k:
         raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
-    i64 = max(max(op.a.shape[0] * op.a.stride(0), op.b.shape[0] * op.b.stride(0)) for op in problems) >= 2**31
+    i64 = max(a.shape[0] * a.stride(0), b.shape[0] * b.stride(0)) >= 2**31
     tiles = (h // c) * triton.cdiv(d, block_d)
     # the wide tile runs one program per SM (shared memory): split only under two waves of it
-    pair = len(problems) == 2
-    grid_tiles = tiles * len(problems)
-    split = split_for(grid_tiles, a0.device, per_sm=2 if wide else 4) if split is None else split
+    split = split_for(tiles, a.device, per_sm=2 if wide else 4) if split is None else split
     if split < 1:
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
-    dh = d * h
-    # split: float32 partials [split, products, D*h], split s of product p at s * split_stride + p * D*h
-    part = None if split == 1 else torch.empty((split, len(problems), dh), device=a0.device, dtype=torch.float32)
-    dsts = outs if part is None else [part[0, p] for p in range(len(problems))]
+    dst = out if split == 1 else torch.empty((split, out.numel()), device=a.device, dtype=torch.float32)
     # square with units_m: Triton 3.6 keeps the squared A^T tile in one shared slot under async wgmma
     # (tests/triton_sm90_compile.py's one-slot check); units_m never defaults to TMA (not wide above)
-    if tma and units_m and any(op.square for op in problems):
+    if tma and square and units_m:
         raise ValueError("chunk_wgrad: tma=True with square=True and units_m=True is not built (one-slot A^T tile)")
-    use_tma = all(tma_for(op.a, tma) and tma_for(op.b, tma) for op in problems)
-    srcs = [
-        (TensorDescriptor.from_tensor(op.a, [block_k, c]), TensorDescriptor.from_tensor(op.b, [block_k, block_d]))
-        if use_tma
-        else (op.a, op.b)
-        for op in problems
-    ]
+    use_tma = tma_for(a, tma) and tma_for(b, tma)
+    a_src = TensorDescriptor.from_tensor(a, [block_k, c]) if use_tma else a
+    b_src = TensorDescriptor.from_tensor(b, [block_k, block_d]) if use_tma else b
     # Program order of the c >= 128 tile (H100, 128:4:16 at (16384, 3072, 12288), bench.chunk_kernels
     # --sweep): 4 D tiles per chunk back to back, chunks most-kept first, 0.535-0.540 ms with random
     # Z against 0.637-0.640 in chunk-id order with D tiles outer (each chunk's A slab re-read once
@@ -496,32 +389,28 @@ def _wgrad(
     order = default_order(offsets, c, units_m) if order is None else order
     group_d = group_d or (4 if wide else 1)
     order_arg = offsets if order is None else order  # any int32 pointer: the kernel reads it only when ORDERED
-    first, second = problems[0], problems[-1]
-    (a1, b1), (a2, b2) = srcs[0], srcs[-1]
-    _WGRAD[(grid_tiles, 1, split)](
-        a1, b1, dsts[0], a2, b2, dsts[-1], offsets, blocks, cols, order_arg, d, h, v,
-        first.a.stride(0), first.b.stride(0), second.a.stride(0), second.b.stride(0), tiles, len(problems) * dh,
-        C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=first.square, TRANSPOSE=first.transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a0.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
-        ORDERED=order is not None, PAIR=pair, SQUARE2=second.square, TRANSPOSE2=second.transpose,
+    _WGRAD[(tiles, 1, split)](
+        a_src, b_src, dst, offsets, blocks, cols, order_arg, d, h, v, a.stride(0), b.stride(0),
+        C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
+        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
+        ORDERED=order is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
-    if part is not None:  # each product's partials summed in a fixed order, rounded once: one launch each
-        grid = (triton.cdiv(dh, 2048),)
-        for p, out in enumerate(outs):
-            _SUM_PARTIALS[grid](part[0, p], out, dh, len(problems) * dh, SPLIT=split, BLOCK=2048, num_warps=4)
-    return outs
+    if split > 1:  # the partials summed in a fixed order, rounded once: one launch
+        grid = (triton.cdiv(out.numel(), 2048),)
+        _SUM_PARTIALS[grid](dst, out, out.numel(), SPLIT=split, BLOCK=2048, num_warps=4)
+    return out
 
 
 @triton.jit
-def _sum_partials_kernel(part_ptr, out_ptr, n, stride, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """out[i] = sum over s of part[s * stride + i] (float32, i < n, s ascending), rounded to out's dtype."""
+def _sum_partials_kernel(part_ptr, out_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = sum over s of part[s, i] (float32 [SPLIT, n], s ascending), rounded to out's dtype."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT):
-        acc += tl.load(part_ptr + s * stride.to(tl.int64) + i, mask=ok, other=0.0)
+        acc += tl.load(part_ptr + s * n.to(tl.int64) + i, mask=ok, other=0.0)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 

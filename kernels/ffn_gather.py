@@ -28,11 +28,9 @@ import torch.nn.functional as F
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
 from sparse_compile.kernels.chunk_wgrad_triton import (
-    WgradOperands,
     chunk_colsum,
     chunk_plan,
     chunk_wgrad,
-    chunk_wgrad_pair,
     chunk_wgrad_supports,
 )
 from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatter
@@ -125,13 +123,9 @@ def sqrelu_ffn_backward_gather(
         dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
         hidden = w1.shape[0]
         csr, order = chunk_plan(ids, chunk, hidden)  # B2's and B4's lists and program order, built once
-        b2, b4 = WgradOperands(h_c, dy, transpose=True), WgradOperands(dz_c, x)
-        if dy.shape[1] == x.shape[1]:  # B2 and B4 in one launch: the second fills the first's last wave
-            dw2, dw1 = chunk_wgrad_pair(b2, b4, ids, v, chunk, hidden, csr=csr, order=order)
-        else:
-            dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr, order=order)
-            dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
-        del h_c, b2
+        dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr, order=order)
+        del h_c
+        dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v, chunk=chunk)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
         return dx, dw1, db1, dw2, dy.sum(0)

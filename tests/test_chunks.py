@@ -265,30 +265,6 @@ def test_weight_grad_kernel_split_k_matches_reference(interpreter, split, units_
         chunk_wgrad(r_c, ids, b, v, c, h, split=0)
 
 
-@pytest.mark.parametrize("split", [1, 3])
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "TMA"])
-def test_weight_grad_pair_equals_the_two_products_launched_apart(interpreter, split, tma):
-    """B2 (transposed, squared A) and B4 in one launch: each output equal, bit for bit, to its own
-    chunk_wgrad call (every tile the same program's sum in the same K order), split-K included; on
-    random data whose two products differ."""
-    from sparse_compile.kernels.chunk_wgrad_triton import WgradOperands, chunk_plan, chunk_wgrad, chunk_wgrad_pair
-
-    torch.manual_seed(6)
-    t, h, d, v, n, m, c = 128, 256, 48, 32, 2, 8, 16
-    _, r_c, ids = vnm_compact_ref(torch.randn(t, h, dtype=torch.float16), None, v, n, m, c)
-    dz_c = torch.randn_like(r_c) * (r_c != 0)
-    dy, x = torch.randn(t, d, dtype=torch.float16), torch.randn(t, d, dtype=torch.float16)
-    csr, order = chunk_plan(ids, c, h)
-    kw = dict(csr=csr, order=order, split=split, tma=tma)
-    dw2, dw1 = chunk_wgrad_pair(WgradOperands(r_c, dy, True, True), WgradOperands(dz_c, x), ids, v, c, h, **kw)
-    assert dw2.shape == (d, h) and dw1.shape == (h, d) and dw2.is_contiguous() and dw1.is_contiguous()
-    assert torch.equal(dw2, chunk_wgrad(r_c, ids, dy, v, c, h, square=True, transpose=True, **kw))
-    assert torch.equal(dw1, chunk_wgrad(dz_c, ids, x, v, c, h, **kw))
-    assert not torch.equal(dw2.t(), dw1)
-    with pytest.raises(ValueError, match="the two products need equal shapes"):
-        chunk_wgrad_pair(WgradOperands(r_c, dy[:, :32]), WgradOperands(dz_c, x), ids, v, c, h)
-
-
 def test_split_is_the_smallest_power_of_two_with_four_programs_per_sm(monkeypatch):
     import sparse_compile.kernels.chunk_wgrad_triton as cw
 

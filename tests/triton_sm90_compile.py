@@ -186,17 +186,13 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     wgrad += [(128, False, 1, False, 256, 8, True), (128, True, 1, False, 256, 8, True)]
     wgrad += [(128, False, 1, False, 128, 4, True)]
     wgrad += [(64, False, 1, True, 256, 4, True), (128, False, 1, True, 256, 8, True)]  # B2 units x d: no TMA
-    # B2 and B4 in one launch (chunk_wgrad_pair, the op's default): c = 128 at its default tile, c = 64
-    wgrad = [(*case, False) for case in wgrad]
-    wgrad += [(128, False, 1, False, 256, 8, True, True), (64, False, 1, False, 256, 8, False, True)]
-    wgrad += [(64, False, 4, False, 128, 4, False, True)]
-    for c, square, split, units_m, block_d, warps, tma, pair in wgrad:
+    for c, square, split, units_m, block_d, warps, tma in wgrad:
         ce = {
             "C": c,
             "BLOCK_D": block_d,
             "BLOCK_K": 64,
             "SQUARE": square,
-            "TRANSPOSE": square or pair,
+            "TRANSPOSE": square,
             "EVEN_D": True,
             "I64": False,
             "IEEE": False,
@@ -205,21 +201,18 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "USE_TMA": tma,
             "GROUP_D": 12,
             "ORDERED": c >= 128,
-            "PAIR": pair,
-            "SQUARE2": False,
-            "TRANSPOSE2": False,
         }
-        names = "a_ptr b_ptr out_ptr a2_ptr b2_ptr out2_ptr offsets_ptr blocks_ptr cols_ptr order_ptr D H V "
-        names += "stride_a stride_b stride_a2 stride_b2 TILES split_stride "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D ORDERED PAIR "
-        names += "SQUARE2 TRANSPOSE2"
-        a_type, b_type = (f"tensordesc<bf16[64,{c}]>", f"tensordesc<bf16[64,{block_d}]>") if tma else ("*bf16",) * 2
-        types = {"a_ptr": a_type, "b_ptr": b_type, "a2_ptr": a_type, "b2_ptr": b_type}
-        types["out_ptr"] = types["out2_ptr"] = "*bf16" if split == 1 else "*fp32"
+        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr order_ptr D H V stride_a stride_b "
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D ORDERED"
+        types = (
+            {"a_ptr": f"tensordesc<bf16[64,{c}]>", "b_ptr": f"tensordesc<bf16[64,{block_d}]>"}
+            if tma
+            else {"a_ptr": "*bf16", "b_ptr": "*bf16"}
+        )
+        types["out_ptr"] = "*bf16" if split == 1 else "*fp32"
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
-        what = "B2+B4 pair" if pair else ("B2" if square else "B4")
-        label += f" {what} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
+        label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
         stages = 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
         label += f" s{stages}"
         launch = {"num_warps": warps, "num_stages": stages}
@@ -236,7 +229,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((label, chunk_wgrad._chunk_csr_kernel, _sig(names, ce, types), ce))
     ce = {"SPLIT": 4, "BLOCK": 2048}
     types = {"part_ptr": "*fp32", "out_ptr": "*bf16"}
-    sig = _sig("part_ptr out_ptr n stride SPLIT BLOCK", ce, types)
+    sig = _sig("part_ptr out_ptr n SPLIT BLOCK", ce, types)
     cases.append(("sum partials", chunk_wgrad._sum_partials_kernel, sig, ce))
     return [case if len(case) == 5 else (*case, {}) for case in cases]  # the rest: default warps and stages
 

@@ -125,29 +125,6 @@ def test_chunk_wgrad_split_k_at_the_350m_shape(split, square, transpose):
     assert _rel(got.t() if transpose else got, want) < 1e-2
 
 
-@pytest.mark.parametrize("skew", [0.0, 5.0], ids=["random", "static"])
-@pytest.mark.parametrize("t,d,h,c,split", [(16384, 3072, 12288, 128, None), (16384, 1024, 4096, 128, None),
-                                           (16384, 2048, 8192, 64, None), (16384, 1024, 4096, 64, 4)])  # fmt: skip
-def test_chunk_wgrad_pair_is_bit_equal_to_two_launches(t, d, h, c, split, skew):
-    """B2 and B4 in one launch (the op's default) equal the two chunk_wgrad calls bit for bit at the
-    2.7B, 350M and 1.3B shapes, split-K included; ``static``: every block keeps the same chunks."""
-    from sparse_compile.kernels.chunk_wgrad_triton import WgradOperands, chunk_plan, chunk_wgrad, chunk_wgrad_pair
-
-    g = torch.Generator(device="cuda").manual_seed(8)
-    scale = torch.exp(skew * torch.randn(h // c, device="cuda", generator=g)).repeat_interleave(c)
-    z = (torch.randn(t, h, device="cuda", generator=g) * scale).bfloat16()
-    h_c, r_c, ids = vnm_compact_ref(z, None, 128, 4, 16, c)
-    dz_c = (torch.randn(t, h_c.shape[1], device="cuda", generator=g) * (r_c != 0)).bfloat16()
-    dy, x = (torch.randn(t, d, device="cuda", generator=g).bfloat16() for _ in range(2))
-    csr, order = chunk_plan(ids, c, h)
-    _poison()
-    kw = dict(csr=csr, order=order, split=split)
-    dw2, dw1 = chunk_wgrad_pair(WgradOperands(h_c, dy, transpose=True), WgradOperands(dz_c, x), ids, 128, c, h, **kw)
-    assert torch.equal(dw2, chunk_wgrad(h_c, ids, dy, 128, c, h, transpose=True, **kw))
-    assert torch.equal(dw1, chunk_wgrad(dz_c, ids, x, 128, c, h, **kw))
-    assert _rel(dw1, vnm_scatter_ref(dz_c, ids, 128, h).float().t() @ x.float()) < 1e-2
-
-
 @pytest.mark.parametrize("h,c", [(4096, 64), (8192, 64), (8192, 32)])
 def test_chunk_colsum_at_full_size(h, c):
     """B4's db1 from the compact dZ~ against the dense column sums, causal chunks of 2048-token sequences."""
