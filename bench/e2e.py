@@ -15,6 +15,9 @@ Per configuration:
                the step's synchronize): equal to step ms where the step is host-bound
   cpu ms       median CPU time of the process per timed step, every thread (the autograd engine runs
                the backward on its own thread); gc ms: Python's garbage collector, per timed step
+  kernel fn ms on CUDA, the host ms per timed step inside the sparse path's kernel functions (kernels/
+               ffn_gather.py's forward and backward: launches, allocations, checks), the rest of the
+               sparse ops' host time being the custom-op layer and the op's own Python
   probe ms     a fixed pure-Python workload timed before the steps (median of 5): how fast this
                process's CPU runs Python, to tell a slower machine from more host work
   compile s    wall time of the warm-up steps minus as many median steps (compiles, autotuning,
@@ -88,6 +91,38 @@ def cpu_probe_ms(repeats: int = 5) -> float:
             d[i % 997] = [i, i + 1]
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+@contextlib.contextmanager
+def kernel_fn_timer(gpu: bool):
+    """Yields a one-element list that accumulates the wall time spent inside ffn_gather's forward and
+    backward kernel functions (the module attributes the ops look up per call) while active."""
+    spent = [0.0]
+    if not gpu:
+        yield spent
+        return
+    from sparse_compile.kernels import ffn_gather
+
+    names = ("sqrelu_ffn_forward_gather", "sqrelu_ffn_backward_gather")
+    saved = {n: getattr(ffn_gather, n) for n in names}
+
+    def timed(fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        return call
+
+    for n, fn in saved.items():
+        setattr(ffn_gather, n, timed(fn))
+    try:
+        yield spent
+    finally:
+        for n, fn in saved.items():
+            setattr(ffn_gather, n, fn)
 
 
 class GcTimer:
@@ -230,18 +265,22 @@ def run_one(
         torch.cuda.reset_peak_memory_stats(device)
     probe = cpu_probe_ms()
     times, host_times, cpu_times = [], [], []
-    gc_timer = GcTimer()
-    for i in range(args.warmup + args.steps):
+
+    def timed_step(i: int) -> torch.Tensor:
         sync()
-        if i == args.warmup:
-            gc_timer.__enter__()
         t0, c0 = time.perf_counter(), time.process_time()
         loss = step(i)
         host_times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
         sync()
         times.append(time.perf_counter() - t0)
-    gc_timer.__exit__()
+        return loss
+
+    for i in range(args.warmup):
+        timed_step(i)
+    with GcTimer() as gc_timer, kernel_fn_timer(gpu) as kernel_fn:
+        for i in range(args.warmup, args.warmup + args.steps):
+            loss = timed_step(i)
     median = statistics.median(times[args.warmup :])
     tokens = args.batch_size * args.seq_len * d.world
     row = {
@@ -256,6 +295,7 @@ def run_one(
         "host_ms": round(statistics.median(host_times[args.warmup :]) * 1e3, 2),
         "cpu_ms": round(statistics.median(cpu_times[args.warmup :]) * 1e3, 2),
         "gc_ms": round(gc_timer.seconds * 1e3 / args.steps, 2),
+        "kernel_fn_ms": round(kernel_fn[0] * 1e3 / args.steps, 2) if gpu else "",
         "probe_ms": round(probe, 2),
         "tokens_per_s": round(tokens / median),
         "tokens_per_s_per_gpu": round(tokens / median / d.world),
@@ -355,9 +395,10 @@ def _fill_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["size", "config", "tokens/s", "speedup", "step ms", "host ms", "cpu ms", "gc ms", "probe ms"]
-    head += ["peak GiB", "vs dense", "compile s"]
-    keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "host_ms", "cpu_ms", "gc_ms", "probe_ms"]
+    head = ["size", "config", "tokens/s", "speedup", "step ms", "host ms", "cpu ms", "kernel fn ms", "gc ms"]
+    head += ["probe ms", "peak GiB", "vs dense", "compile s"]
+    keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "host_ms", "cpu_ms", "kernel_fn_ms", "gc_ms"]
+    keys += ["probe_ms"]
     keys += ["peak_mem_GiB", "mem_vs_dense", "compile_s"]
     if any(r.get("gpus", 1) > 1 for r in rows):
         head[3:3] = ["GPUs", "per GPU", "vs one GPU"]

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, GcTimer, backend_options, ungroup_graphs
+from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, GcTimer, backend_options, kernel_fn_timer, ungroup_graphs
 from bench.e2e import main as e2e_main
 from bench.step_profile import GROUPS, breakdown, classify, host, host_calls
 
@@ -174,6 +175,21 @@ def test_gc_timer_times_collections_only_while_active():
     spent = t.seconds
     gc.collect()
     assert t.seconds == spent
+
+
+def test_kernel_fn_timer_times_the_gather_functions_and_restores_them():
+    from sparse_compile.kernels import ffn_gather
+
+    original = ffn_gather.sqrelu_ffn_forward_gather
+    with kernel_fn_timer(gpu=True) as spent:
+        assert ffn_gather.sqrelu_ffn_forward_gather is not original
+        x = torch.randn(32, 8)
+        with pytest.raises(ValueError, match="chunk=3"):  # raised inside: the time still counts
+            ffn_gather.sqrelu_ffn_forward_gather(x, x, None, x, None, 16, 2, 8, chunk=3)
+    assert spent[0] > 0 and ffn_gather.sqrelu_ffn_forward_gather is original
+    with kernel_fn_timer(gpu=False) as spent:  # CPU runs take the reference kernels: nothing wrapped
+        assert ffn_gather.sqrelu_ffn_forward_gather is original
+    assert spent == [0.0]
 
 
 def test_e2e_host_profile_names_the_op_among_the_functions(tmp_path):
