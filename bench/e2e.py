@@ -19,7 +19,7 @@ Per configuration:
                ffn_gather.py's forward and backward: launches, allocations, checks), the rest of the
                sparse ops' host time being the custom-op layer and the op's own Python
   probe ms     a fixed pure-Python workload timed before the steps (median of 5): how fast this
-               process's CPU runs Python, to tell a slower machine from more host work
+               process's CPU runs Python then, beside host ms (a slower CPU or more host work)
   compile s    wall time of the warm-up steps minus as many median steps (compiles, autotuning,
                the sparse backend's per-shape kernel choices); shorter when the gather kernels'
                tuning for these shapes is already on disk (the "tuned kernels" field of the CSV)
@@ -81,8 +81,9 @@ DATA_BATCHES = 4  # distinct batches cycled through the steps
 
 
 def cpu_probe_ms(repeats: int = 5) -> float:
-    """Median ms of a fixed pure-Python workload (dict and list churn, about 10 ms on the GPU machines'
-    CPUs): the same number on every process of one machine unless its CPU runs slower."""
+    """Median ms of a fixed pure-Python workload (dict and list churn): how fast this process's CPU
+    runs Python just before the timed steps. 4.7-9.0 ms over seven processes of the H100 machines
+    (bench/RESULTS.md section 2), about 4 on the CPU machine."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
