@@ -26,7 +26,9 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
 the dense product, relative error). --skew makes some chunks popular (kept by most blocks), which
-bounds the one-wave B2/B4 kernels at small shapes: the case split-K is for. --csv writes the rows
+bounds the one-wave B2/B4 kernels at small shapes: the case split-K is for; at --skew 5 every block
+keeps the same chunks, as in bench.e2e's steps ("chunks kept", the chunks any block keeps, is then
+Kc/c; "max / mean kept" the most-kept chunk's blocks over the mean). --csv writes the rows
 with device, versions and revision.
 """
 
