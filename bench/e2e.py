@@ -399,8 +399,7 @@ def table(rows: list[dict]) -> str:
     head = ["size", "config", "tokens/s", "speedup", "step ms", "host ms", "cpu ms", "kernel fn ms", "gc ms"]
     head += ["probe ms", "peak GiB", "vs dense", "compile s"]
     keys = ["size", "config", "tokens_per_s", "speedup", "step_ms", "host_ms", "cpu_ms", "kernel_fn_ms", "gc_ms"]
-    keys += ["probe_ms"]
-    keys += ["peak_mem_GiB", "mem_vs_dense", "compile_s"]
+    keys += ["probe_ms", "peak_mem_GiB", "mem_vs_dense", "compile_s"]
     if any(r.get("gpus", 1) > 1 for r in rows):
         head[3:3] = ["GPUs", "per GPU", "vs one GPU"]
         keys[3:3] = ["gpus", "tokens_per_s_per_gpu", "vs_one_gpu"]

@@ -145,14 +145,11 @@ def busy_calls(f: Callable[[], object], n: int, prof: cProfile.Profile | None = 
 
 def _triton_path(f: Callable[[], object]) -> Callable[[], object]:
     """f with FastLaunch off for its duration: every launch through Triton's own path."""
-    from sparse_compile.kernels.launch import FastLaunch
+    from sparse_compile.kernels.launch import triton_path
 
     def call():
-        FastLaunch.active = False
-        try:
+        with triton_path():
             return f()
-        finally:
-            FastLaunch.active = True
 
     return call
 

@@ -23,9 +23,10 @@ the direct path. An autotuned kernel's ``best_config`` is set to the config each
 as Triton's own launch does, and the config's pre_hook runs before each launch.
 """
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
@@ -126,3 +127,15 @@ class FastLaunch:
             compiled.packed_metadata, None, None, None, *[named[n] for n in self.names],
         )  # fmt: skip
         return compiled
+
+
+@contextlib.contextmanager
+def triton_path() -> Iterator[None]:
+    """Every FastLaunch launch through Triton's own path while active (benchmarks and tests compare
+    the two); the setting it found is restored after, also when it was off."""
+    was = FastLaunch.active
+    FastLaunch.active = False
+    try:
+        yield
+    finally:
+        FastLaunch.active = was

@@ -178,3 +178,12 @@ def test_on_only_with_a_tested_triton_and_not_switched_off():
     assert default_active("3.6.0", None) and default_active("3.6.1", "1")
     assert not default_active("3.6.0", "0")
     assert not default_active("3.7.0", None) and not default_active("3.60.0", None)
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_triton_path_turns_fast_launch_off_and_restores_what_it_found(monkeypatch, before):
+    monkeypatch.setattr(FastLaunch, "active", before)
+    with pytest.raises(RuntimeError, match="inside"), launch.triton_path():
+        assert FastLaunch.active is False
+        raise RuntimeError("inside")
+    assert FastLaunch.active is before

@@ -206,7 +206,7 @@ def test_fast_launch_is_bit_equal_to_triton_s_launch_path():
     between them), through kernels/launch.py and through Triton's own path: equal bit for bit."""
     from sparse_compile.kernels.chunk_wgrad_triton import _csr, chunk_csr_ref, chunk_order
     from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather, sqrelu_ffn_forward_gather
-    from sparse_compile.kernels.launch import FastLaunch
+    from sparse_compile.kernels.launch import triton_path
 
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -223,11 +223,8 @@ def test_fast_launch_is_bit_equal_to_triton_s_launch_path():
         return (y, r_c, ids, *sqrelu_ffn_backward_gather(dy, x, w1, w2, r_c, ids, v, m, chunk=c))
 
     fast = [[run(*case) for case in cases] for _ in range(3)][-1]  # signatures seen: the compiled launchers
-    FastLaunch.active = False
-    try:
+    with triton_path():
         slow = [run(*case) for case in cases]
-    finally:
-        FastLaunch.active = True
     for got, want in zip(fast, slow, strict=True):
         for name, a, b in zip(("y", "r_c", "ids", "dx", "dw1", "db1", "dw2", "db2"), got, want, strict=True):
             assert torch.equal(a, b), name
