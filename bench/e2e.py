@@ -3,10 +3,12 @@
 For each model size and each configuration, in one process: the project's GPT (bench/model.py) at
 sequence length 2048 and 8 x 2048 = 16k tokens per step, bf16 autocast, fused AdamW, gradient
 clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout.
-`default` is exactly what backend="sparse" with no options runs: CUDA FFNs under the size rule of
-sparse_compile/passes/size_rule.py stay dense (small_ffn='dense'), and its report says so per site.
-Every other configuration runs every site sparse at every size, to measure its pattern there:
-small_ffn='sparse' unless its options say otherwise.
+`default` is exactly what backend="sparse" with no options runs (small_ffn='graphs',
+sparse_compile/passes/size_rule.py): CUDA FFNs that pay only with CUDA graphs run sparse with the
+sparse graph under CUDA graphs, smaller ones stay dense, and its report says so.
+Every other configuration runs every site sparse at every size, without CUDA graphs unless
+--compile-mode has them, to measure its pattern there: small_ffn='sparse' unless its options say
+otherwise.
 Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
@@ -32,8 +34,9 @@ Per configuration:
   --host-profile  a further --profile-steps steps under cProfile, with CUDA's sync debug mode
                warning on every synchronizing call: host_profile.txt (the syncs, the functions with
                the most own time)
-Under --compile-mode reduce-overhead the kernels replay from CUDA graphs without their launching
-ops: only attention, optimizer and the GPU total are grouped (the other group columns stay empty).
+Under CUDA graphs (--compile-mode reduce-overhead, or a configuration whose report says small_ffn
+turned them on) the kernels replay without their launching ops: only attention, optimizer and the
+GPU total are grouped (the other group columns stay empty).
 Writes e2e.csv (one row per configuration), kernels.csv (the heaviest kernels of each) and
 summary.txt (header, table, the sparse configurations' site reports) to --out.
 
@@ -323,7 +326,8 @@ def run_one(
                 row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
                 row["GPU ms"] = round(sum(groups.values()), 2)
                 row.update({k: round(v, 2) for k, v in host(trace, args.profile_steps).items()})
-                if args.compile_mode == "reduce-overhead":
+                graphs = any(r.cuda_graphs for r in sparse_compile.compile_reports()[n_reports:])
+                if args.compile_mode == "reduce-overhead" or graphs:  # the mode's, or small_ffn='graphs''
                     kernels = ungroup_graphs(row, kernels)
                 top = [
                     {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}

@@ -99,7 +99,7 @@ def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> Si
 
 def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False) -> list[SiteRecord]:
     """Rewrite every legal squared-ReLU FFN of ``gm`` (in place); a record per site and near-miss.
-    ``cuda_graphs``: the graphs will run as CUDA graphs (the size rule of passes/size_rule.py)."""
+    ``cuda_graphs``: the size rule (passes/size_rule.py) takes its bounds with CUDA graphs."""
     matches, misses = find_ffn_sites(gm.graph)
     records: list[SiteRecord] = []
     sparse_weights: dict[Node, Node] = {}
@@ -112,7 +112,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         described = _describe(match.first, match.second, False, "")
         site, chunk_note = fit_chunk(match, config)
         reason = illegal_reason(match, site)
-        if reason is None and site.small_ffn == "dense":
+        if reason is None and site.small_ffn != "sparse":
             reason = small_site_reason(described.work, described.device, cuda_graphs, site.chunk > 1)
         if reason is not None:
             records.append(dataclasses.replace(described, reason=reason))

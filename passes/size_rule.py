@@ -13,20 +13,62 @@ end to end on an H100 (T x d x h: 125M 16384 x 768 x 3072 = 3.9e10, 350M 16384 x
   (85.6 vs 96.8 ms) but the step is host-bound by 4-28 ms, so it is not reliably faster; 125M
   0.530x, 1.3B 1.29x-1.30x; with CUDA graphs 350M 1.117x, 125M 1.049x (349ef49).
 
-The rule depends only on the shapes, the pattern's chunking and the compile mode, so the same
-compile always decides the same way.
+With CUDA graphs the bounds are lower. ``small_ffn="graphs"`` (the default) turns them on by
+itself where they make a site pay: a site between the two bounds runs sparse, and its graph's
+sparse variant runs as CUDA graphs (Inductor's cudagraph trees, as under mode="reduce-overhead";
+the dense variant runs without). Measured with the default preset, 350M 1.137x and 1.164x of a
+dense torch.compile step in two processes, 125M at 16 x 1024 tokens 1.060x (H100, e001f8d).
+It does not where the user turned CUDA graphs off, with permuted units (their permutation starts
+as the identity and is probed on the host, which a replayed graph does not see), or in a run of
+several processes (DDP and FSDP2 under CUDA graphs are not measured): there the bounds without
+graphs apply and the report says why.
+
+The rule depends only on the shapes, the pattern's chunking, the options and whether the run has
+several processes, so the same compile always decides the same way.
 """
 
 # torch.compile modes that run the compiled graphs as CUDA graphs (no per-kernel host work)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # T x d x h below the bound stays dense: (without CUDA graphs, with them), by chunking
 SMALL_FFN = {False: (2**37, 2**36), True: (2**37, 2**35)}
+SMALL_REASON = "small FFN"  # how a site's reason starts when the rule keeps it dense
 
 
 def uses_cuda_graphs(mode: str | None, inductor: dict | None = None) -> bool:
     """Whether torch.compile's ``mode`` (or Inductor's ``triton.cudagraphs`` option) runs CUDA graphs."""
     flag = (inductor or {}).get("triton.cudagraphs")
     return bool(flag) if flag is not None else mode in CUDA_GRAPH_MODES
+
+
+def auto_graphs_blocker(mode: str | None, inductor: dict | None, permute: bool, processes: int) -> str | None:
+    """Why small_ffn='graphs' may not turn CUDA graphs on for a compile, or None where it may."""
+    flag = (inductor or {}).get("triton.cudagraphs")
+    if flag is not None and not flag:
+        return f"the inductor option triton.cudagraphs={flag!r}"
+    if mode == "max-autotune-no-cudagraphs":
+        return f"mode={mode!r}"
+    if permute:
+        return "permute=True (a replayed graph does not see the host's unit permutations and probes)"
+    if processes > 1:
+        return f"a run of {processes} processes (DDP and FSDP2 under CUDA graphs are not measured)"
+    return None
+
+
+def bounds_with_graphs(config_small_ffn: str, mode: str | None, inductor: dict | None, permute: bool, processes: int):
+    """(whether the size rule takes its bounds with CUDA graphs, why small_ffn='graphs' may not turn
+    them on or None): with them where the compile runs CUDA graphs, or small_ffn='graphs' may turn
+    them on (the backend then does, for the sparse variant, where a sparse site needs them)."""
+    if uses_cuda_graphs(mode, inductor):
+        return True, None
+    if config_small_ffn != "graphs":
+        return False, None
+    blocker = auto_graphs_blocker(mode, inductor, permute, processes)
+    return blocker is None, blocker
+
+
+def graphs_pay(work: float, device: str, chunked: bool) -> bool:
+    """Whether a site with T x d x h = ``work`` pays only with CUDA graphs (between the two bounds)."""
+    return device == "cuda" and small_ffn_bound(True, chunked) <= work < small_ffn_bound(False, chunked)
 
 
 def small_ffn_bound(cuda_graphs: bool, chunked: bool) -> int:
@@ -37,7 +79,8 @@ def small_ffn_bound(cuda_graphs: bool, chunked: bool) -> int:
 
 
 def small_site_reason(work: float, device: str, cuda_graphs: bool, chunked: bool = False) -> str | None:
-    """Why a site with T x d x h = ``work`` on ``device`` stays dense under ``small_ffn="dense"``, or None."""
+    """Why a site with T x d x h = ``work`` on ``device`` stays dense under ``small_ffn`` "dense" or
+    "graphs" (``cuda_graphs``: the graphs run, or will be made to run, as CUDA graphs), or None."""
     if device != "cuda":
         return None
     bound = small_ffn_bound(cuda_graphs, chunked)
@@ -46,7 +89,7 @@ def small_site_reason(work: float, device: str, cuda_graphs: bool, chunked: bool
     graphs = "with" if cuda_graphs else "without"
     measured = "125M-350M: 0.53x-1.15x, 350M host-bound" if chunked else "125M-350M: 0.55x-0.97x"
     return (
-        f"small FFN: T x d x h = {work:.2g} < {bound:.2g} {graphs} CUDA graphs"
+        f"{SMALL_REASON}: T x d x h = {work:.2g} < {bound:.2g} {graphs} CUDA graphs"
         + (" (neuron chunks)" if chunked else "")
         + f", where the sparse op's host work (about 1.5 ms per step) measured more than its GPU saving "
         f"({measured} of dense); small_ffn='sparse' runs it sparse anyway"

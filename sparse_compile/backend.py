@@ -17,7 +17,7 @@ import sparse_compile.phase as _phase
 from sparse_compile.config import BackendOptions, SparsityConfig
 from sparse_compile.dump import dump_compile
 from sparse_compile.passes import SiteRecord, sparsify_ffns
-from sparse_compile.passes.size_rule import uses_cuda_graphs
+from sparse_compile.passes.size_rule import bounds_with_graphs, graphs_pay, uses_cuda_graphs
 from sparse_compile.report import Report
 
 _graph_ids = itertools.count()
@@ -94,6 +94,27 @@ def rewrite(
     return sparse_gm, sparsify_ffns(sparse_gm, config, cuda_graphs)
 
 
+def _processes() -> int:
+    """Processes of the run: torch.distributed's world size where it is initialized, else 1."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def plan(gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0) -> tuple[torch.fx.GraphModule, Report]:
+    """The sparse copy of ``gm`` and its report, CUDA graphs decided (passes/size_rule.py): the size
+    rule takes its bounds with CUDA graphs where the compile runs them or small_ffn='graphs' may turn
+    them on; it does, for the sparse variant, where a sparse site pays only with them."""
+    config = opts.config
+    explicit = uses_cuda_graphs(opts.mode, opts.inductor)
+    with_graphs, blocker = bounds_with_graphs(config.small_ffn, opts.mode, opts.inductor, config.permute, _processes())
+    sparse_gm, records = rewrite(gm, config, with_graphs)
+    auto = 0
+    if with_graphs and not explicit:
+        auto = sum(r.sparse and graphs_pay(r.work, r.device, (r.chunk or config.chunk) > 1) for r in records)
+    report = Report.from_records(config, graph_id, records, explicit or auto > 0, auto, blocker)
+    return sparse_gm, report
+
+
 def sparse_backend(
     gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | None = None, options: dict | None = None
 ):
@@ -101,18 +122,17 @@ def sparse_backend(
     opts = BackendOptions.parse(options, mode)
     patches = _inductor_patches(opts)
     graph_id = next(_graph_ids)
-    cuda_graphs = uses_cuda_graphs(opts.mode, opts.inductor)
-    sparse_gm, records = rewrite(gm, opts.config, cuda_graphs)
-    report = Report.from_records(opts.config, graph_id, records, cuda_graphs)
+    sparse_gm, report = plan(gm, opts, graph_id)
     with _lock:
         _reports.append(report)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)
     dense_fn = compile_fx(gm, example_inputs, config_patches=patches)
     if not report.sparse_sites:
         return dense_fn
-    sparse_fn = compile_fx(
-        sparse_gm, example_inputs, config_patches={**patches, "post_grad_custom_post_pass": SourceHashPass()}
-    )
+    sparse_patches = {**patches, "post_grad_custom_post_pass": SourceHashPass()}
+    if report.auto_graphs:  # the sparse variant only: the dense phase runs as the user compiled it
+        sparse_patches["triton.cudagraphs"] = True
+    sparse_fn = compile_fx(sparse_gm, example_inputs, config_patches=sparse_patches)
     return PhaseDispatcher(sparse_fn, dense_fn)
 
 

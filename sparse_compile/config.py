@@ -10,6 +10,7 @@ from typing import Any
 WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
 KERNEL_CHOICES = ("auto", "reference", "triton")
+SMALL_FFN_CHOICES = ("graphs", "dense", "sparse")
 _VNM_RULE = "'2:4' or 'V:N:M' with V >= 1, N in {1, 2, 4}, M a multiple of 4 and >= 4, not N=4 with M=4"
 
 
@@ -78,10 +79,15 @@ class SparsityConfig:
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
-    small_ffn: "dense" (default): CUDA sites too small to pay stay dense, by a size rule (T x d x h
-        under 2**37 without CUDA graphs, under 2**36 with them; with neuron chunks 2**37 and 2**35;
-        sparse_compile/passes/size_rule.py), and the report says so per site; "sparse": they run
-        sparse anyway (slower than dense when measured: bench/RESULTS.md section 2).
+    small_ffn: CUDA sites too small to pay, by a size rule (T x d x h under 2**37 without CUDA
+        graphs, under 2**36 with them; with neuron chunks 2**37 and 2**35;
+        sparse_compile/passes/size_rule.py). "graphs" (default): a site that pays only with CUDA
+        graphs runs sparse, and its graph's sparse variant runs as CUDA graphs (torch's cudagraph
+        trees; not where the options turn CUDA graphs off, with permute, or in a run of several
+        processes); smaller sites stay dense, and the report says so per site. "dense": they stay
+        dense and nothing turns CUDA graphs on. "sparse": they run sparse anyway, without CUDA
+        graphs unless the compile mode has them (slower than dense when measured: bench/RESULTS.md
+        section 2).
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
     weight_copies: under autocast, float32 weights reach the sparse op as compute-dtype copies.
         "keep" (default, as dense autocast does): forward's copies stay alive until backward.
@@ -101,7 +107,7 @@ class SparsityConfig:
     causal: bool = False
     permute: bool = False
     min_hidden: int = 0
-    small_ffn: str = "dense"
+    small_ffn: str = "graphs"
     masked_decay: float = 0.0
     weight_copies: str = "keep"
 
@@ -140,8 +146,8 @@ class SparsityConfig:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
         if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
             raise ValueError(f"SparsityConfig.min_hidden={self.min_hidden!r}: expected an int >= 0")
-        if self.small_ffn not in ("dense", "sparse"):
-            raise ValueError(f"SparsityConfig.small_ffn={self.small_ffn!r}: expected 'dense' or 'sparse'")
+        if self.small_ffn not in SMALL_FFN_CHOICES:
+            raise ValueError(f"SparsityConfig.small_ffn={self.small_ffn!r}: expected one of {SMALL_FFN_CHOICES}")
         if isinstance(self.masked_decay, bool) or not isinstance(self.masked_decay, (int, float)):
             raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
         if not self.masked_decay >= 0.0:

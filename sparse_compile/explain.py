@@ -6,18 +6,18 @@ from typing import Any
 
 import torch
 
-from sparse_compile.backend import rewrite
+from sparse_compile.backend import plan
 from sparse_compile.config import BackendOptions, SparsityConfig
 from sparse_compile.report import Report
 
 
-def _as_config(config: SparsityConfig | Mapping[str, Any] | str | None) -> SparsityConfig:
+def _as_options(config: SparsityConfig | Mapping[str, Any] | str | None) -> BackendOptions:
     if isinstance(config, SparsityConfig):
-        return config
+        return BackendOptions(config)
     if isinstance(config, str):
-        return SparsityConfig.preset(config)
+        return BackendOptions(SparsityConfig.preset(config))
     if config is None or isinstance(config, Mapping):
-        return BackendOptions.parse(config).config
+        return BackendOptions.parse(config)
     raise TypeError(f"explain: config={config!r}: expected a SparsityConfig, an options dict, a preset name or None")
 
 
@@ -34,13 +34,12 @@ def explain(
     (the default preset, DEFAULT_PRESET). The model runs once, eagerly, under torch.no_grad(); nothing is compiled
     with Inductor. Each row says what runs sparse (pattern per GEMM, kernel) or why a site stays dense.
     """
-    cfg = _as_config(config)
-    report = Report(cfg)
+    opts = _as_options(config)
+    report = Report(opts.config)
     graph_ids = itertools.count()
 
     def capture(gm: torch.fx.GraphModule, _inputs: list[Any]):
-        _, records = rewrite(gm, cfg)
-        report.add(next(graph_ids), records)
+        report.extend(plan(gm, opts, next(graph_ids))[1])
         return gm.forward
 
     compiled = torch.compile(model, backend=capture, dynamic=dynamic)

@@ -7,13 +7,24 @@ from tabulate import tabulate
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
-from sparse_compile.passes.size_rule import small_ffn_bound
+from sparse_compile.passes.size_rule import SMALL_REASON, small_ffn_bound
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 HOST_HINT = (
     "note: {n} CUDA site(s) under the small-FFN bound (T x d x h < {bound:.2g} {graphs} CUDA graphs) run sparse "
     "because small_ffn='sparse': each adds about 1.5 ms of host work per step, measured slower than dense there "
     "(bench/RESULTS.md section 2; passes/size_rule.py)"
+)
+
+AUTO_GRAPHS_NOTE = (
+    "note: CUDA graphs on for the sparse variant (small_ffn='graphs'): {n} sparse site(s) under T x d x h = "
+    "{bound:.2g} pay only without per-kernel host work. It runs under torch's cudagraph trees, as with "
+    "mode='reduce-overhead': a compiled call's outputs are overwritten by a later call (clone what you keep "
+    "across steps). The dense phase runs without. small_ffn='dense' keeps these sites dense instead"
+)
+NO_GRAPHS_NOTE = (
+    "note: small_ffn='graphs' left CUDA graphs off ({blocker}), so {n} small CUDA site(s) stay dense by the "
+    "size rule without CUDA graphs"
 )
 
 
@@ -55,13 +66,21 @@ class Report:
 
     config: SparsityConfig
     sites: list[SiteReport] = field(default_factory=list)
-    cuda_graphs: bool = False  # the graphs run as CUDA graphs (passes/size_rule.uses_cuda_graphs)
+    cuda_graphs: bool = False  # the sparse variant runs as CUDA graphs (the compile mode, or auto_graphs)
+    auto_graphs: int = 0  # sparse sites that small_ffn='graphs' turned CUDA graphs on for
+    graphs_blocker: str | None = None  # why small_ffn='graphs' could not (passes/size_rule.auto_graphs_blocker)
 
     @classmethod
     def from_records(
-        cls, config: SparsityConfig, graph: int, records: list[SiteRecord], cuda_graphs: bool = False
+        cls,
+        config: SparsityConfig,
+        graph: int,
+        records: list[SiteRecord],
+        cuda_graphs: bool = False,
+        auto_graphs: int = 0,
+        graphs_blocker: str | None = None,
     ) -> "Report":
-        report = cls(config, cuda_graphs=cuda_graphs)
+        report = cls(config, cuda_graphs=cuda_graphs, auto_graphs=auto_graphs, graphs_blocker=graphs_blocker)
         report.add(graph, records)
         return report
 
@@ -74,18 +93,31 @@ class Report:
                 self.sites.append(SiteReport(graph, r, dict.fromkeys(GEMMS, "dense"), r.kernel))
 
     def extend(self, other: "Report") -> None:
+        """Add another graph's sites (its CUDA-graph decision counts for the whole report)."""
         self.sites.extend(other.sites)
+        self.cuda_graphs |= other.cuda_graphs
+        self.auto_graphs += other.auto_graphs
+        self.graphs_blocker = self.graphs_blocker or other.graphs_blocker
 
     @property
     def notes(self) -> list[str]:
-        """Lines under the summary: HOST_HINT when small_ffn='sparse' runs CUDA sites below the size
-        rule's bound sparse (passes/size_rule.py: a size rule, the same compile always says the same)."""
+        """Lines under the summary (passes/size_rule.py: a size rule, the same compile always says the
+        same): AUTO_GRAPHS_NOTE where small_ffn='graphs' turned CUDA graphs on, NO_GRAPHS_NOTE where it
+        could not and small sites stayed dense, HOST_HINT where small_ffn='sparse' runs CUDA sites
+        below the size rule's bound sparse."""
+        notes = []
+        if self.auto_graphs:
+            bound = small_ffn_bound(False, self.config.chunk > 1)
+            notes.append(AUTO_GRAPHS_NOTE.format(n=self.auto_graphs, bound=bound))
+        small_dense = [s for s in self.dense_sites if s.record.reason.startswith(SMALL_REASON)]
+        if self.graphs_blocker and small_dense:
+            notes.append(NO_GRAPHS_NOTE.format(n=len(small_dense), blocker=self.graphs_blocker))
         graphs = self.cuda_graphs
         bound = small_ffn_bound(graphs, self.config.chunk > 1)
         small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < bound]
-        if not small:
-            return []
-        return [HOST_HINT.format(n=len(small), bound=bound, graphs="with" if graphs else "without")]
+        if small:
+            notes.append(HOST_HINT.format(n=len(small), bound=bound, graphs="with" if graphs else "without"))
+        return notes
 
     @property
     def sparse_sites(self) -> list[SiteReport]:

@@ -142,7 +142,7 @@ def test_default_configuration_is_the_users_default_and_the_others_run_every_sit
 
     default = BackendOptions.parse(backend_options("default")).config
     assert default == BackendOptions.parse(None).config
-    assert default.small_ffn == "dense"  # the size rule applies, as for a user with no options
+    assert default.small_ffn == "graphs"  # the size rule applies, as for a user with no options
     half = BackendOptions.parse(backend_options("chunked-half")).config
     assert (half.activations, half.chunk, half.small_ffn) == ("128:4:8", 64, "sparse")
     own = BackendOptions.parse(backend_options('{"activations": "128:2:16", "small_ffn": "dense"}')).config

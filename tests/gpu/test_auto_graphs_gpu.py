@@ -1,0 +1,60 @@
+"""small_ffn='graphs' on a real GPU: a GPT whose FFN sites pay only with CUDA graphs (T x d x h =
+8192 x 1024 x 4096 = 2**35, the chunked bound with graphs) compiled with no options runs them sparse
+under Inductor's cudagraph trees, trains as the same sites forced sparse without graphs do, and
+switches to the dense phase and back. Run by hand on H100/H200."""
+
+import pytest
+import torch
+
+from sparse_compile import compile_reports, dense_phase
+from sparse_compile.report import AUTO_GRAPHS_NOTE
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is in tests/)")
+
+
+def _train(options: dict, steps: int = 4) -> tuple[list[float], float]:
+    """Losses of ``steps`` sparse-phase steps of a 2-block d=1024 GPT on 4 x 2048 tokens (bf16
+    autocast, AdamW), then the loss of one dense-phase step and of one more sparse step."""
+    from torch._inductor import cudagraph_trees
+
+    from bench.model import GPT, GPTConfig
+
+    torch._dynamo.reset()
+    cudagraph_trees.reset_cudagraph_trees()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=2048, n_layer=2, n_head=8, n_embd=1024)).cuda()
+    idx = torch.randint(0, 256, (4, 2049), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    compiled = torch.compile(model, backend="sparse", options=options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = compiled(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    losses = [step() for _ in range(steps)]
+    with dense_phase():
+        dense = step()
+    return [*losses, step()], dense
+
+
+def test_sites_that_pay_only_with_graphs_run_sparse_under_them():
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    forced, forced_dense = _train({"small_ffn": "sparse"})  # the same sites, no CUDA graphs
+    assert not compile_reports()[-1].cuda_graphs
+    assert cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False) is None
+    counters.clear()
+    graphs, graphs_dense = _train({})
+    report = compile_reports()[-1]
+    assert len(report.sparse_sites) == 2 and report.auto_graphs == 2 and report.cuda_graphs
+    assert AUTO_GRAPHS_NOTE.format(n=2, bound=2**37) in str(report)
+    assert cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False) is not None
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    torch.testing.assert_close(torch.tensor(graphs), torch.tensor(forced), rtol=2e-3, atol=0.0)
+    torch.testing.assert_close(graphs_dense, forced_dense, rtol=2e-3, atol=0.0)
+    assert graphs[-1] < graphs[0]

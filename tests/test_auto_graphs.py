@@ -1,0 +1,118 @@
+"""small_ffn='graphs' (the default): a CUDA site that pays only with CUDA graphs runs sparse and its
+graph's sparse variant runs as CUDA graphs; where the options, permute or several processes rule
+them out the site stays dense and the report says why. The sites here are on the CPU, treated as
+CUDA sites and scaled down to the bounds below (the rule's decisions; a GPU run is in tests/gpu)."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import sparse_compile.backend as backend
+import sparse_compile.passes as passes
+from sparse_compile import SparsityConfig, explain
+from sparse_compile.passes import size_rule
+from sparse_compile.report import AUTO_GRAPHS_NOTE, NO_GRAPHS_NOTE
+
+from .ffn_zoo import SquaredReLU
+
+WORK = 4 * 16 * 32 * 128  # T x d x h of the model below: 2**18
+
+
+@pytest.fixture
+def as_cuda(monkeypatch):
+    """Sites on the CPU decided as CUDA sites, with bounds 2**20 without graphs and 2**18 with them:
+    the model's 2**18 pays only with CUDA graphs."""
+    monkeypatch.setattr(size_rule, "SMALL_FFN", {False: (2**20, 2**18), True: (2**20, 2**18)})
+    monkeypatch.setattr(passes, "small_site_reason", lambda work, device, graphs, chunked: size_rule.small_site_reason(
+        work, "cuda", graphs, chunked))  # fmt: skip
+    monkeypatch.setattr(backend, "graphs_pay", lambda work, device, chunked: size_rule.graphs_pay(
+        work, "cuda", chunked))  # fmt: skip
+
+
+def _model() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 128), SquaredReLU(), nn.Linear(128, 32)), torch.randn(4, 16, 32)
+
+
+def test_the_rule_s_parts():
+    assert SparsityConfig(activations="16:2:8").small_ffn == "graphs"
+    blocker = size_rule.auto_graphs_blocker
+    assert blocker(None, {}, False, 1) is None and blocker("default", None, False, 1) is None
+    assert blocker(None, {"triton.cudagraphs": False}, False, 1) == "the inductor option triton.cudagraphs=False"
+    assert "max-autotune-no-cudagraphs" in blocker("max-autotune-no-cudagraphs", {}, False, 1)
+    assert "permute=True" in blocker(None, {}, True, 1)
+    assert "a run of 2 processes" in blocker(None, {}, False, 2)
+    with_graphs = size_rule.bounds_with_graphs
+    assert with_graphs("dense", "reduce-overhead", {}, True, 4) == (True, None)  # the mode's graphs
+    assert with_graphs("sparse", None, {}, False, 1) == (False, None)
+    assert with_graphs("dense", None, {}, False, 1) == (False, None)
+    assert with_graphs("graphs", None, {}, False, 1) == (True, None)
+    eight = "a run of 8 processes (DDP and FSDP2 under CUDA graphs are not measured)"
+    assert with_graphs("graphs", None, {}, False, 8) == (False, eight)
+    # 350M (2**36) and 125M (3.9e10) pay only with graphs in chunks; 1.3B does without; plain 125M does not
+    assert size_rule.graphs_pay(2**36, "cuda", True) and size_rule.graphs_pay(16 * 1024 * 768 * 3072, "cuda", True)
+    assert not size_rule.graphs_pay(2**36, "cpu", True) and not size_rule.graphs_pay(2.7e11, "cuda", True)
+    assert size_rule.graphs_pay(2**36, "cuda", False) and not size_rule.graphs_pay(3.9e10, "cuda", False)
+    assert not size_rule.graphs_pay(float("inf"), "cuda", True)
+    with pytest.raises(ValueError, match=r"small_ffn='auto': expected one of \('graphs', 'dense', 'sparse'\)"):
+        SparsityConfig(activations="16:2:8", small_ffn="auto")
+
+
+def test_a_site_that_pays_with_graphs_runs_sparse_under_them(as_cuda):
+    model, x = _model()
+    report = explain(model, x, config={"activations": "16:2:8"})
+    assert len(report.sparse_sites) == 1 and report.cuda_graphs and report.auto_graphs == 1
+    assert report.notes[0] == AUTO_GRAPHS_NOTE.format(n=1, bound=2**20) and report.notes[0] in str(report)
+    assert "outputs are overwritten by a later call" in report.notes[0]
+    dense = explain(model, x, config={"activations": "16:2:8", "small_ffn": "dense"})
+    assert not dense.sparse_sites and not dense.cuda_graphs and not dense.notes
+    assert dense.dense_sites[0].record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")
+    # the compile mode's graphs: the same site sparse, CUDA graphs on, but not turned on by the rule
+    mode = explain(model, x, config={"activations": "16:2:8", "small_ffn": "dense", "mode": "reduce-overhead"})
+    assert len(mode.sparse_sites) == 1 and mode.cuda_graphs and not mode.auto_graphs and not mode.notes
+
+
+@pytest.mark.parametrize(
+    "options,processes,why",
+    [
+        ({"inductor": {"triton.cudagraphs": False}}, 1, "the inductor option triton.cudagraphs=False"),
+        ({"mode": "max-autotune-no-cudagraphs"}, 1, "mode='max-autotune-no-cudagraphs'"),
+        ({"permute": True}, 1, "permute=True"),
+        ({}, 2, "a run of 2 processes"),
+    ],
+)
+def test_where_graphs_are_ruled_out_the_site_stays_dense_and_the_report_says_why(
+    as_cuda, monkeypatch, options, processes, why
+):
+    monkeypatch.setattr(backend, "_processes", lambda: processes)
+    model, x = _model()
+    report = explain(model, x, config={"activations": "16:2:8", **options})
+    assert not report.sparse_sites and not report.cuda_graphs and not report.auto_graphs
+    assert report.dense_sites[0].record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")
+    assert len(report.notes) == 1 and why in report.notes[0]
+    assert report.notes[0].startswith(NO_GRAPHS_NOTE.split("{")[0])
+    assert report.notes[0].endswith("so 1 small CUDA site(s) stay dense by the size rule without CUDA graphs")
+
+
+def test_the_backend_turns_graphs_on_for_the_sparse_variant_only(as_cuda, monkeypatch):
+    """The sparse variant compiles with triton.cudagraphs=True, the dense variant as the user asked;
+    on the CPU Inductor runs the graph without them, and the output is the reference op's."""
+    patches = []
+    compile_fx = backend.compile_fx
+
+    def recording(gm, inputs, config_patches=None, **kw):
+        patches.append(dict(config_patches or {}))
+        return compile_fx(gm, inputs, config_patches=config_patches, **kw)
+
+    monkeypatch.setattr(backend, "compile_fx", recording)
+    torch._dynamo.reset()
+    model, x = _model()
+    y = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "reference"})(x)
+    report = backend.compile_reports()[-1]
+    assert report.auto_graphs == 1 and report.cuda_graphs
+    assert len(patches) == 2 and "triton.cudagraphs" not in patches[0] and patches[1]["triton.cudagraphs"] is True
+    forced = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "reference",
+                                                              "small_ffn": "sparse"})  # fmt: skip
+    torch._dynamo.reset()
+    assert torch.equal(y, forced(x))
+    assert "triton.cudagraphs" not in patches[-1] and not backend.compile_reports()[-1].cuda_graphs
