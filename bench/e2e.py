@@ -22,6 +22,9 @@ Per configuration:
                sparse ops' host time being the custom-op layer and the op's own Python
   probe ms     a fixed pure-Python workload timed before the steps (median of 5): how fast this
                process's CPU runs Python then, beside host ms (a slower CPU or more host work)
+  dense phase  with --dense-steps, steps in the dense phase after the timed ones: their median ms,
+               and the peak memory allocated and reserved over them (a sparse phase's CUDA graphs
+               keep their memory pool reserved)
   compile s    wall time of the warm-up steps minus as many median steps (compiles, autotuning,
                the sparse backend's per-shape kernel choices); shorter when the gather kernels'
                tuning for these shapes is already on disk (the "tuned kernels" field of the CSV)
@@ -170,6 +173,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed first steps (compile, autotuning)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps in the profiler trace (CUDA; 0: none)")
     p.add_argument("--host-profile", action="store_true", help="cProfile --profile-steps more steps: host_profile.txt")
+    p.add_argument(
+        "--dense-steps", type=int, default=0,
+        help="then this many steps in the dense phase (the first 2 untimed): dense-phase ms and peak memory",
+    )  # fmt: skip
     p.add_argument("--top", type=int, default=12, help="heaviest kernels per configuration in kernels.csv")
     p.add_argument("--out", default="runs/e2e", help="folder for e2e.csv, kernels.csv and summary.txt")
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
@@ -204,6 +211,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("batch_size", "seq_len", "steps", "warmup"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an int >= 1")
+    if args.dense_steps and args.dense_steps < 3:
+        p.error(f"--dense-steps {args.dense_steps}: expected 0 or an int >= 3 (2 untimed, then timed)")
     return args
 
 
@@ -335,9 +344,35 @@ def run_one(
                 ]
                 calls = [{"size": size, "config": label, **c} for c in host_calls(trace, args.profile_steps, args.top)]
     profile = host_profile(step, args.profile_steps, sync, gpu) if args.host_profile and d.main else ""
+    if args.dense_steps:
+        row.update(dense_phase_steps(step, args.dense_steps, sync, device))
     reports = sparse_compile.compile_reports()[n_reports:]
     row["sites"] = "dense" if label == "dense" else _sites(reports)
     return Result(row, top, calls, profile, "\n".join(str(r) for r in reports if r.sites))
+
+
+def dense_phase_steps(
+    step: Callable[[int], object], n: int, sync: Callable[[], None], device: torch.device
+) -> dict[str, float | str]:
+    """``n`` steps in the dense phase after the sparse ones (the first 2 untimed: the dense variant's
+    backward compiles on its first call): their median ms, and the peak memory allocated and
+    reserved over them (what a sparse phase leaves held, e.g. its CUDA graphs' pool)."""
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    with sparse_compile.dense_phase():
+        for i in range(n):
+            sync()
+            t0 = time.perf_counter()
+            step(i)
+            sync()
+            times.append(time.perf_counter() - t0)
+    return {
+        "dense_phase_ms": round(statistics.median(times[2:]) * 1e3, 2),
+        "dense_phase_peak_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if gpu else "",
+        "dense_phase_reserved_GiB": round(torch.cuda.max_memory_reserved(device) / 2**30, 2) if gpu else "",
+    }
 
 
 def ungroup_graphs(row: dict, kernels: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
@@ -407,6 +442,9 @@ def table(rows: list[dict]) -> str:
     if any(r.get("gpus", 1) > 1 for r in rows):
         head[3:3] = ["GPUs", "per GPU", "vs one GPU"]
         keys[3:3] = ["gpus", "tokens_per_s_per_gpu", "vs_one_gpu"]
+    if any("dense_phase_ms" in r for r in rows):
+        head += ["dense phase\nms", "dense phase\npeak GiB", "dense phase\nreserved GiB"]
+        keys += ["dense_phase_ms", "dense_phase_peak_GiB", "dense_phase_reserved_GiB"]
     profiled = any("GPU ms" in r for r in rows)
     if profiled:
         head += [g.replace(" ", "\n", 1) for g in GROUPS] + ["GPU ms", "launches", "sparse op\nhost ms"]

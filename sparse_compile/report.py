@@ -17,10 +17,12 @@ HOST_HINT = (
 )
 
 AUTO_GRAPHS_NOTE = (
-    "note: CUDA graphs on for the sparse variant (small_ffn='graphs'): {n} sparse site(s) under T x d x h = "
-    "{bound:.2g} pay only without per-kernel host work. It runs under torch's cudagraph trees, as with "
-    "mode='reduce-overhead': a compiled call's outputs are overwritten by a later call (clone what you keep "
-    "across steps). The dense phase runs without. small_ffn='dense' keeps these sites dense instead"
+    "note: CUDA graphs on for the sparse variant (small_ffn='graphs'): {n} sparse site(s) have T x d x h under "
+    "{bound:.2g}, where without CUDA graphs the sparse op's host work measured more than its GPU saving. The "
+    "sparse variant runs under torch's cudagraph trees, as with "
+    "mode='reduce-overhead': a later call overwrites a compiled call's outputs, and torch raises an error "
+    "where one is read after that (clone what you keep across steps). The dense phase runs without. "
+    "small_ffn='dense' keeps these sites dense instead"
 )
 NO_GRAPHS_NOTE = (
     "note: small_ffn='graphs' left CUDA graphs off ({blocker}), so {n} small CUDA site(s) stay dense by the "

@@ -63,7 +63,7 @@ def test_a_site_that_pays_with_graphs_runs_sparse_under_them(as_cuda):
     report = explain(model, x, config={"activations": "16:2:8"})
     assert len(report.sparse_sites) == 1 and report.cuda_graphs and report.auto_graphs == 1
     assert report.notes[0] == AUTO_GRAPHS_NOTE.format(n=1, bound=2**20) and report.notes[0] in str(report)
-    assert "outputs are overwritten by a later call" in report.notes[0]
+    assert "a later call overwrites a compiled call's outputs" in report.notes[0]
     dense = explain(model, x, config={"activations": "16:2:8", "small_ffn": "dense"})
     assert not dense.sparse_sites and not dense.cuda_graphs and not dense.notes
     assert dense.dense_sites[0].record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")

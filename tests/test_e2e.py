@@ -244,3 +244,21 @@ def test_e2e_under_torchrun_against_one_process(tmp_path, mode):
         assert float(r["vs_one_gpu"]) > 0
     assert rows[1]["sites"] == ("1/1 sparse: reference" if mode == "fsdp" else "4/4 sparse: reference")
     assert "per GPU x 2 GPUs" in (out / "summary.txt").read_text()
+
+
+def test_dense_phase_steps_run_in_the_dense_phase_and_time_all_but_two(tmp_path):
+    import sparse_compile
+    from bench.e2e import dense_phase_steps
+
+    seen = []
+    row = dense_phase_steps(lambda i: seen.append((i, sparse_compile.phase())), 4, lambda: None, torch.device("cpu"))
+    assert seen == [(i, "dense") for i in range(4)] and sparse_compile.phase() == "sparse"
+    assert row["dense_phase_ms"] >= 0 and row["dense_phase_peak_GiB"] == row["dense_phase_reserved_GiB"] == ""
+    out = tmp_path / "e2e"
+    argv = ["--device", "cpu", "--configs", "dense", "default", "--steps", "1", "--warmup", "1", "--out", str(out)]
+    assert e2e_main([*argv, "--dense-steps", "3"]) == 0
+    rows = list(csv.DictReader(open(out / "e2e.csv")))
+    assert all(float(r["dense_phase_ms"]) > 0 for r in rows)
+    assert "dense phase" in (out / "summary.txt").read_text()
+    with pytest.raises(SystemExit):
+        e2e_main([*argv, "--dense-steps", "2"])
