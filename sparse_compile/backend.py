@@ -103,7 +103,7 @@ def _processes() -> int:
 def plan(gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0) -> tuple[torch.fx.GraphModule, Report]:
     """The sparse copy of ``gm`` and its report, CUDA graphs decided (passes/size_rule.py): the size
     rule takes its bounds with CUDA graphs where the compile runs them or small_ffn='graphs' may turn
-    them on; it does, for the sparse variant, where a sparse site pays only with them."""
+    them on; it does, for both variants of the graph, where a sparse site pays only with them."""
     config = opts.config
     explicit = uses_cuda_graphs(opts.mode, opts.inductor)
     with_graphs, blocker = bounds_with_graphs(config.small_ffn, opts.mode, opts.inductor, config.permute, _processes())
@@ -126,12 +126,12 @@ def sparse_backend(
     with _lock:
         _reports.append(report)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)
+    if report.auto_graphs:  # both variants, so that the two phases share one CUDA-graph memory pool
+        patches["triton.cudagraphs"] = True
     dense_fn = compile_fx(gm, example_inputs, config_patches=patches)
     if not report.sparse_sites:
         return dense_fn
     sparse_patches = {**patches, "post_grad_custom_post_pass": SourceHashPass()}
-    if report.auto_graphs:  # the sparse variant only: the dense phase runs as the user compiled it
-        sparse_patches["triton.cudagraphs"] = True
     sparse_fn = compile_fx(sparse_gm, example_inputs, config_patches=sparse_patches)
     return PhaseDispatcher(sparse_fn, dense_fn)
 

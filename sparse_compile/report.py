@@ -17,12 +17,11 @@ HOST_HINT = (
 )
 
 AUTO_GRAPHS_NOTE = (
-    "note: CUDA graphs on for the sparse variant (small_ffn='graphs'): {n} sparse site(s) have T x d x h under "
-    "{bound:.2g}, where without CUDA graphs the sparse op's host work measured more than its GPU saving. The "
-    "sparse variant runs under torch's cudagraph trees, as with "
-    "mode='reduce-overhead': a later call overwrites a compiled call's outputs, and torch raises an error "
-    "where one is read after that (clone what you keep across steps). The dense phase runs without. "
-    "small_ffn='dense' keeps these sites dense instead"
+    "note: CUDA graphs on (small_ffn='graphs'): {n} sparse site(s) have T x d x h under {bound:.2g}, where "
+    "without CUDA graphs the sparse op's host work measured more than its GPU saving. Both phases of this "
+    "graph run under torch's cudagraph trees, as with mode='reduce-overhead' (one memory pool for both): a "
+    "later call overwrites a compiled call's outputs, and torch raises an error where one is read after "
+    "that (clone what you keep across steps). small_ffn='dense' keeps these sites dense instead"
 )
 NO_GRAPHS_NOTE = (
     "note: small_ffn='graphs' left CUDA graphs off ({blocker}), so {n} small CUDA site(s) stay dense by the "
@@ -68,7 +67,7 @@ class Report:
 
     config: SparsityConfig
     sites: list[SiteReport] = field(default_factory=list)
-    cuda_graphs: bool = False  # the sparse variant runs as CUDA graphs (the compile mode, or auto_graphs)
+    cuda_graphs: bool = False  # the graphs run as CUDA graphs (the compile mode, or auto_graphs)
     auto_graphs: int = 0  # sparse sites that small_ffn='graphs' turned CUDA graphs on for
     graphs_blocker: str | None = None  # why small_ffn='graphs' could not (passes/size_rule.auto_graphs_blocker)
 
