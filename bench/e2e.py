@@ -4,8 +4,8 @@ For each model size and each configuration, in one process: the project's GPT (b
 sequence length 2048 and 8 x 2048 = 16k tokens per step, bf16 autocast, fused AdamW, gradient
 clipping, on the main job's corpus. The sparse configurations run in the sparse phase throughout.
 `default` is exactly what backend="sparse" with no options runs (small_ffn='graphs',
-sparse_compile/passes/size_rule.py): CUDA FFNs that pay only with CUDA graphs run sparse with the
-sparse graph under CUDA graphs, smaller ones stay dense, and its report says so.
+sparse_compile/passes/size_rule.py): CUDA FFNs that pay only with CUDA graphs run sparse with their
+graph under CUDA graphs, smaller ones stay dense, and its report says so.
 Every other configuration runs every site sparse at every size, without CUDA graphs unless
 --compile-mode has them, to measure its pattern there: small_ffn='sparse' unless its options say
 otherwise.

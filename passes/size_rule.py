@@ -14,10 +14,12 @@ end to end on an H100 (T x d x h: 125M 16384 x 768 x 3072 = 3.9e10, 350M 16384 x
   0.530x, 1.3B 1.29x-1.30x; with CUDA graphs 350M 1.117x, 125M 1.049x (349ef49).
 
 With CUDA graphs the bounds are lower. ``small_ffn="graphs"`` (the default) turns them on by
-itself where they make a site pay: a site between the two bounds runs sparse, and its graph's
-sparse variant runs as CUDA graphs (Inductor's cudagraph trees, as under mode="reduce-overhead";
-the dense variant runs without). Measured with the default preset, 350M 1.137x and 1.164x of a
-dense torch.compile step in two processes, 125M at 16 x 1024 tokens 1.060x (H100, e001f8d).
+itself where they make a site pay: a site between the two bounds runs sparse, and both variants
+of its graph run as CUDA graphs (Inductor's cudagraph trees, as under mode="reduce-overhead"; one
+memory pool for the two phases: with the sparse variant alone under graphs, the dense phase at
+350M kept 10.9 GB more reserved). Measured with the default preset against a dense
+torch.compile step: 350M 1.127x-1.164x over six processes, 125M at 16 x 1024 tokens
+1.051x-1.060x (H100, bench/RESULTS.md section 2).
 It does not where the user turned CUDA graphs off, with permuted units (their permutation starts
 as the identity and is probed on the host, which a replayed graph does not see), or in a run of
 several processes (DDP and FSDP2 under CUDA graphs are not measured): there the bounds without
@@ -57,7 +59,7 @@ def auto_graphs_blocker(mode: str | None, inductor: dict | None, permute: bool, 
 def bounds_with_graphs(config_small_ffn: str, mode: str | None, inductor: dict | None, permute: bool, processes: int):
     """(whether the size rule takes its bounds with CUDA graphs, why small_ffn='graphs' may not turn
     them on or None): with them where the compile runs CUDA graphs, or small_ffn='graphs' may turn
-    them on (the backend then does, for the sparse variant, where a sparse site needs them)."""
+    them on (the backend then does, for both variants, where a sparse site needs them)."""
     if uses_cuda_graphs(mode, inductor):
         return True, None
     if config_small_ffn != "graphs":

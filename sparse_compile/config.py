@@ -82,7 +82,7 @@ class SparsityConfig:
     small_ffn: CUDA sites too small to pay, by a size rule (T x d x h under 2**37 without CUDA
         graphs, under 2**36 with them; with neuron chunks 2**37 and 2**35;
         sparse_compile/passes/size_rule.py). "graphs" (default): a site that pays only with CUDA
-        graphs runs sparse, and its graph's sparse variant runs as CUDA graphs (torch's cudagraph
+        graphs runs sparse, and its graph runs as CUDA graphs in both phases (torch's cudagraph
         trees; not where the options turn CUDA graphs off, with permute, or in a run of several
         processes); smaller sites stay dense, and the report says so per site. "dense": they stay
         dense and nothing turns CUDA graphs on. "sparse": they run sparse anyway, without CUDA
