@@ -1,8 +1,10 @@
 """python -m bench.train: train the same GPT dense and sparse, same seed and data order; compare.
 
 Dense: torch.compile(model). Sparse: torch.compile(model, backend="sparse") with a dense warm-up,
-a sparse phase and a dense recovery phase (PhaseSchedule); its FFNs run sparse at 125M although
-the backend's size rule would leave them dense (small_ffn='sparse' unless --sparsity says).
+a sparse phase and a dense recovery phase (PhaseSchedule); its FFNs run sparse at 125M: by the
+backend's default size rule where it runs them all sparse (small_ffn='graphs': with the main job's
+defaults on CUDA, under CUDA graphs), else forced (small_ffn='sparse', without CUDA graphs; unless
+--sparsity says).
 Writes log.csv (every logged point), loss.png (both loss curves, phase boundaries) and summary.txt
 (the comparison table) to --out.
 With --distributed ddp|fsdp under torchrun, the ranks split each global batch (--batch-size per
@@ -34,8 +36,9 @@ from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
 from sparse_compile.clustering import kept_mass, static_share
-from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, options_from_text
+from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, SparsityConfig, options_from_text
 from sparse_compile.kernels import transposable_24_mask
+from sparse_compile.passes.size_rule import small_ffn_bound
 from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
 
 SEGMENTS = ("warmup", "sparse", "final")
@@ -232,8 +235,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.resume:
         args.out = args.resume
     try:
-        # the main job measures the pattern at 125M, where the size rule would leave every site dense
-        options = {"small_ffn": "sparse", **options_from_text(args.sparsity)}
+        # the main job measures the pattern at 125M: every site sparse (main_job_small_ffn)
+        options = options_from_text(args.sparsity)
+        options = {"small_ffn": main_job_small_ffn(args, BackendOptions.parse(options).config), **options}
         if BackendOptions.parse(options).config.weights is not None and "masked_decay" not in options:
             options["masked_decay"] = args.masked_decay
         args.config = BackendOptions.parse(options).config
@@ -245,6 +249,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         options["mode"] = args.compile_mode
     args.options = options
     return args
+
+
+def main_job_small_ffn(args: argparse.Namespace, config: SparsityConfig) -> str:
+    """The sparse run's small_ffn: "graphs", the user's default, where it runs every FFN site sparse
+    (the sites' T x d x h at or above its bound with CUDA graphs, on one CUDA process in the default
+    compile mode, without permute: the graphs then run under CUDA graphs, passes/size_rule.py);
+    else "sparse" (every site sparse, without CUDA graphs). --sparsity may set it."""
+    n = SIZES[args.size].n_embd
+    work = args.batch_size * args.seq_len * n * 4 * n  # T x d x h of each FFN (hidden 4d)
+    rule = args.device == "cuda" and args.distributed == "none" and args.compile_mode == "default"
+    graphs = rule and not config.permute and work >= small_ffn_bound(True, config.chunk > 1)
+    return "graphs" if graphs else "sparse"
 
 
 @dataclass

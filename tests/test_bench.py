@@ -584,3 +584,30 @@ def test_wgrad_step_kept_counts_reads_the_csr_offsets():
 
     text = kept_counts(torch.tensor([0, 1, 4, 4, 8], dtype=torch.int32))
     assert text.startswith("kept blocks per chunk: mean 2.0, max 4 (2.00x)") and text.endswith("min 0")
+
+
+def test_main_job_runs_its_sites_by_the_default_rule_where_that_keeps_them_all_sparse():
+    """small_ffn of the sparse run: 'graphs' (the user's default, CUDA graphs) where its size rule runs
+    every site sparse; else 'sparse' (forced, no graphs); --sparsity may set it."""
+    import argparse
+    import dataclasses
+
+    from bench.train import main_job_small_ffn, parse_args
+    from sparse_compile.config import BackendOptions, SparsityConfig
+
+    def args(**kw) -> argparse.Namespace:
+        base = {"size": "125m-d1024", "batch_size": 16, "seq_len": 1024, "device": "cuda", "distributed": "none"}
+        return argparse.Namespace(**{**base, "compile_mode": "default", **kw})
+
+    chunked = BackendOptions.parse(None).config
+    plain = SparsityConfig(activations="128:4:16")
+    assert main_job_small_ffn(args(), chunked) == "graphs"  # 16384 x 1024 x 4096 = 2**36 >= 2**35
+    assert main_job_small_ffn(args(), plain) == "graphs"  # >= 2**36
+    assert main_job_small_ffn(args(size="125m"), chunked) == "graphs"  # 3.9e10 >= 2**35
+    assert main_job_small_ffn(args(size="125m"), plain) == "sparse"  # 3.9e10 < 2**36: the rule keeps it dense
+    assert main_job_small_ffn(args(batch_size=4), chunked) == "sparse"  # 2**34
+    for other in ({"device": "cpu"}, {"distributed": "ddp"}, {"compile_mode": "reduce-overhead"}):
+        assert main_job_small_ffn(args(**other), chunked) == "sparse", other
+    assert main_job_small_ffn(args(), dataclasses.replace(chunked, permute=True)) == "sparse"
+    assert parse_args(["--device", "cpu"]).options["small_ffn"] == "sparse"
+    assert parse_args(["--device", "cpu", "--sparsity", '{"small_ffn": "dense"}']).options["small_ffn"] == "dense"
