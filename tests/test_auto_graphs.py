@@ -54,6 +54,10 @@ def test_the_rule_s_parts():
     assert not size_rule.graphs_pay(2**36, "cpu", True) and not size_rule.graphs_pay(2.7e11, "cuda", True)
     assert size_rule.graphs_pay(2**36, "cuda", False) and not size_rule.graphs_pay(3.9e10, "cuda", False)
     assert not size_rule.graphs_pay(float("inf"), "cuda", True)
+    # under the bound with graphs the reason is what was measured to pay with them, not host work
+    graphs_reason = size_rule.small_site_reason(3.3e10, "cuda", True, chunked=True)
+    assert "under the smallest size measured to pay with them (125M's 3.9e10" in graphs_reason
+    assert "host work" not in graphs_reason and "host work" in size_rule.small_site_reason(3.3e10, "cuda", False)
     with pytest.raises(ValueError, match=r"small_ffn='auto': expected one of \('graphs', 'dense', 'sparse'\)"):
         SparsityConfig(activations="16:2:8", small_ffn="auto")
 
