@@ -251,6 +251,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def untimed_steps(start: int, schedule: sparse_compile.PhaseSchedule) -> set[int]:
+    """Steps left out of the tokens/s: the first two of a process (compile) and of each segment (a
+    phase switch: the first sparse step autotunes and compiles the Triton kernels, seconds on a GPU;
+    under CUDA graphs a graph's first call runs it eagerly and its second records it; an 80-step
+    run on an H100 read 0.872x for its sparse steps timing each segment's second step, 1.136x in its
+    logged intervals after them), and with dense_every the first dense step in the sparse window
+    (its dense variant compiles there where warm-up is 0)."""
+    steps = {start, start + 1}
+    for first in (schedule.dense_warmup_steps, schedule.dense_from_step):
+        if first is not None:
+            steps.update((first, first + 1))
+    if schedule.dense_every:
+        steps.add(schedule.dense_warmup_steps + schedule.dense_every - 1)
+    return steps
+
+
 def main_job_small_ffn(args: argparse.Namespace, config: SparsityConfig) -> str:
     """The sparse run's small_ffn: "graphs", the user's default, where it runs every FFN site sparse
     (the sites' T x d x h at or above its bound with CUDA graphs, on one CUDA process in the default
@@ -415,11 +431,7 @@ def train_one(
         losses, interval_time, interval_tokens = (state.interval[k] for k in ("losses", "time", "tokens"))
         health.previous = state.health
         start = state.step
-    # Not timed: the first two steps of a process (compile) and the first step of each segment (a
-    # phase switch: the first sparse step autotunes and compiles the Triton kernels, seconds on a GPU).
-    first_steps = {start, start + 1, schedule.dense_warmup_steps, schedule.dense_from_step}
-    if schedule.dense_every:  # the first dense step inside the sparse window (compiles where warm-up is 0)
-        first_steps.add(schedule.dense_warmup_steps + schedule.dense_every - 1)
+    first_steps = untimed_steps(start, schedule)
 
     def save(step: int) -> None:
         interval = {"losses": losses, "time": interval_time, "tokens": interval_tokens}

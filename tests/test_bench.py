@@ -611,3 +611,13 @@ def test_main_job_runs_its_sites_by_the_default_rule_where_that_keeps_them_all_s
     assert main_job_small_ffn(args(), dataclasses.replace(chunked, permute=True)) == "sparse"
     assert parse_args(["--device", "cpu"]).options["small_ffn"] == "sparse"
     assert parse_args(["--device", "cpu", "--sparsity", '{"small_ffn": "dense"}']).options["small_ffn"] == "dense"
+
+
+def test_untimed_steps_are_the_first_two_of_the_process_and_of_each_segment():
+    from bench.train import untimed_steps
+    from sparse_compile import PhaseSchedule
+
+    assert untimed_steps(0, PhaseSchedule(240, 840)) == {0, 1, 240, 241, 840, 841}
+    assert untimed_steps(500, PhaseSchedule(240, 840)) == {500, 501, 240, 241, 840, 841}  # resumed at 500
+    assert untimed_steps(0, PhaseSchedule(0, None)) == {0, 1}
+    assert untimed_steps(0, PhaseSchedule(10, 100, dense_every=4)) == {0, 1, 10, 11, 13, 100, 101}
