@@ -336,7 +336,7 @@ def run_one(
                 row["GPU ms"] = round(sum(groups.values()), 2)
                 row.update({k: round(v, 2) for k, v in host(trace, args.profile_steps).items()})
                 graphs = any(r.cuda_graphs for r in sparse_compile.compile_reports()[n_reports:])
-                if args.compile_mode == "reduce-overhead" or graphs:  # the mode's, or small_ffn='graphs''
+                if args.compile_mode == "reduce-overhead" or graphs:  # the mode's graphs, or small_ffn's
                     kernels = ungroup_graphs(row, kernels)
                 top = [
                     {"size": size, "config": label, "group": g, "kernel": k[:120], "ms_per_step": round(ms, 3)}
