@@ -3,7 +3,9 @@
 Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
   select       kernels/chunk_select_triton.py vs copy bandwidth (bytes: Z read once, h_c and r_c
                written, ids), beside the plain selection kernel (chunk 1) on the same Z; with --seq S
-               also the causal form (sequences of S tokens) beside the non-causal chunked kernel
+               also the causal form (sequences of S tokens) beside the non-causal chunked kernel; with
+               --select-sweep the tilings of SELECT_SWEEP (rows per step of each pass, warps) beside
+               the default one
   B2, B4       kernels/chunk_wgrad_triton.py vs cuBLAS on the dense product (dY^T H~ [d, T] x [T, h],
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
                left at keep 4/M); with --sweep also the B2 and B4 kernels' tilings, split-K
@@ -60,6 +62,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+# the selection's (rows per step of pass 1, of pass 2, warps): [rows, M*c] and [rows2, 4c] tiles
+SELECT_SWEEP = [(2, 2, 4), (2, 8, 4), (4, 4, 8), (4, 16, 8), (8, 8, 8), (8, 16, 8), (8, 16, 16), (16, 16, 16)]
+
 # (BLOCK_D, BLOCK_K, warps, stages, split, units_m, tma, group_d): units_m puts the chunk's c units
 # along the MMA's M; tma loads both operands through TMA descriptors (sm90), else through pointer
 # tiles; group_d: D tiles per chunk back to back (None: the default, all of them)
@@ -111,6 +116,7 @@ def measure(
     sweep: bool = False,
     seq: int | None = None,
     skew: float = 0.0,
+    select_sweep: bool = False,
 ) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     z = torch.randn(t, h, device="cuda", generator=g)
@@ -130,6 +136,13 @@ def measure(
     plain = _ms(lambda: vnm_select_compact(z, None, v, n, m))
     rows.append({**label, "kernel": "select", "ms": ms, "of ceiling": nbytes / ms / 1e6 / copy, "check": exact,
                  "baseline": "chunk 1", "baseline ms": plain})  # fmt: skip
+    for tiling in SELECT_SWEEP if select_sweep else ():  # (rows of pass 1, of pass 2, warps), on this row's form
+        got = vnm_select_chunks(z, None, v, n, m, c, seq, tiling=tiling)
+        exact = all(torch.equal(a, b) for a, b in zip(got, vnm_compact_ref(z, None, v, n, m, c, seq), strict=True))
+        tiled = _ms(lambda tiling=tiling: vnm_select_chunks(z, None, v, n, m, c, seq, tiling=tiling))
+        rows.append({**label, "kernel": f"select{' causal' if seq else ''} tiling {tiling}", "ms": tiled,
+                     "check": exact, "of ceiling": nbytes / tiled / 1e6 / copy, "baseline": "default tiling",
+                     "baseline ms": _ms(lambda: vnm_select_chunks(z, None, v, n, m, c, seq))})  # fmt: skip
     if seq:
         got = vnm_select_chunks(z, None, v, n, m, c, seq)
         exact = all(torch.equal(a, b) for a, b in zip(got, vnm_compact_ref(z, None, v, n, m, c, seq), strict=True))
@@ -284,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", help="write the rows here")
     p.add_argument("--sweep", action="store_true", help="also time tilings of the B2 and B4 kernels")
     p.add_argument("--seq", type=int, help="also the causal selection over sequences of this many tokens")
+    p.add_argument("--select-sweep", action="store_true", help="also time the selection's tilings (causal with --seq)")
     p.add_argument(
         "--skew",
         type=float,
@@ -299,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         for pat in args.patterns.split(","):
             v, n, m = (int(s) for s in pat.split(":"))
             for c in (int(s) for s in args.chunks.split(",")):
-                rows += measure(t, d, h, v, n, m, c, copy, args.sweep, args.seq, args.skew)
+                rows += measure(t, d, h, v, n, m, c, copy, args.sweep, args.seq, args.skew, args.select_sweep)
                 print(f"{shape} {pat} chunk {c} done", flush=True)
     keys = ["T", "d", "h", "pattern", "chunk", "skew", "max / mean kept", "chunks kept", "kernel", "ms"]
     keys += ["of ceiling", "baseline", "baseline ms", "check"]

@@ -42,11 +42,12 @@ def _relu_sq(z_ptr, bias_ptr, offs, cols, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _chunk_select_kernel(
     z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids, SEQ_BLOCKS,
-    M: tl.constexpr, C: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    M: tl.constexpr, C: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, ROWS2: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
     """CAUSAL: pass 1 scores block blk - 1 of the sequence (SEQ_BLOCKS blocks per sequence), or
-    only the first row of a sequence's first block."""
+    only the first row of a sequence's first block. ROWS: rows per step of pass 1 ([ROWS, M*C]
+    tiles), ROWS2 of pass 2 ([ROWS2, 4*C])."""
     blk = tl.program_id(0)
     g = tl.program_id(1)
     W: tl.constexpr = M * C
@@ -81,17 +82,18 @@ def _chunk_select_kernel(
     # per element: 0.591 ms at (16384, 8192), 128:4:8 c 64, H100, 0.30 of copy bandwidth)
     unit = tl.max_contiguous(tl.multiple_of(tl.reshape(unit, (4 * C,)), C), C)
     out_col = g * 4 * C + tl.arange(0, 4 * C)
-    for k in range(0, V, ROWS):
-        rows = row0 + k + rr
+    rr2 = tl.arange(0, ROWS2)
+    for k in range(0, V, ROWS2):
+        rows = row0 + k + rr2
         r, hh = _relu_sq(z_ptr, bias_ptr, rows[:, None] * stride_z + unit[None, :], unit[None, :], HAS_BIAS)
         if N < 4:
-            hf = tl.reshape(hh, (ROWS, 4, C)).to(tl.float32)
+            hf = tl.reshape(hh, (ROWS2, 4, C)).to(tl.float32)
             # rank of each entry among the 4 chunks at its row and offset: larger first, ties to the lower chunk
-            rank = tl.zeros((ROWS, 4, C), dtype=tl.int32)
+            rank = tl.zeros((ROWS2, 4, C), dtype=tl.int32)
             for q in tl.static_range(4):
                 other = tl.sum(tl.where((s4 == q)[None, :, None], hf, 0.0), axis=1)  # [ROWS, C]: chunk q
                 rank += ((other[:, None, :] > hf) | ((other[:, None, :] == hf) & (q < s4)[None, :, None])).to(tl.int32)
-            keep = tl.reshape(rank < N, (ROWS, 4 * C))
+            keep = tl.reshape(rank < N, (ROWS2, 4 * C))
             r = tl.where(keep, r, 0.0)
             hh = tl.where(keep, hh, 0.0)
         # N = 4: every entry of the 4 kept chunks stays
@@ -109,12 +111,27 @@ def chunk_supports(v: int, m: int, c: int) -> bool:
     return v % 16 == 0 and c >= 2 and w & (w - 1) == 0
 
 
+def select_tiling(m: int, c: int) -> tuple[int, int, int]:
+    """(rows per step of pass 1, of pass 2, warps): pass 1 reads [rows, M*c] tiles of 8 KB in 16-bit
+    Z (2 rows at M*c = 2048), pass 2 [rows, 4c] tiles of the same rows, 4 warps."""
+    rows = max(1, min(16, 4096 // (m * c)))
+    return rows, rows, 4
+
+
 def vnm_select_chunks(
-    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int, seq: int | None = None
+    z: torch.Tensor,
+    bias: torch.Tensor | None,
+    v: int,
+    n: int,
+    m: int,
+    c: int,
+    seq: int | None = None,
+    tiling: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h_c [T, h*4/M], r_c [T, h*4/M], ids int32 [T/V, h*4/M]) of z [T, h] (+ bias), as
     vnm_compact_ref(z, bias, v, n, m, c, seq) lays them out; ``seq``: causal over sequences of
-    that many tokens."""
+    that many tokens; ``tiling``: (rows of pass 1, rows of pass 2, warps), powers of two dividing
+    V (None: select_tiling(m, c))."""
     if z.dtype not in _DTYPES or (bias is not None and bias.dtype != z.dtype):
         raise ValueError(f"vnm_select_chunks: z.dtype={z.dtype}, bias dtype must equal it and be one of {_DTYPES}")
     t, h = z.shape
@@ -129,10 +146,13 @@ def vnm_select_chunks(
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)
     r_c = torch.empty_like(h_c)
     ids = torch.empty(t // v, kc, device=z.device, dtype=torch.int32)
-    rows = max(1, min(16, 4096 // (m * c)))
+    rows, rows2, warps = tiling or select_tiling(m, c)
+    if any(r < 1 or r & (r - 1) or v % r for r in (rows, rows2)):
+        raise ValueError(f"vnm_select_chunks: tiling={tiling}: rows must be powers of two dividing V={v}")
     grid = (t // v, h // (m * c))
     _SELECT[grid](
         z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v,
-        M=m, C=c, N=n, ROWS=rows, HAS_BIAS=bias is not None, CAUSAL=seq is not None, num_warps=4,
+        M=m, C=c, N=n, ROWS=rows, ROWS2=rows2, HAS_BIAS=bias is not None, CAUSAL=seq is not None,
+        num_warps=warps,
     )  # fmt: skip
     return h_c, r_c, ids

@@ -314,3 +314,22 @@ def test_chunks_the_kernels_cannot_take_run_the_reference():
     ):
         plan = plan_kernels(torch.device("cpu"), torch.float16, 256, dataclasses.replace(config, kernels="triton"))
         assert plan.kernel == "reference" and plan.why.startswith(f"chunks of {config.chunk}: the gather path needs")
+
+
+def test_select_kernel_tilings_give_the_same_answer(interpreter):
+    """Other rows per step of each pass and warps (bench.chunk_kernels --select-sweep) change no
+    output, causal included; rows that are not powers of two dividing V are refused."""
+    from sparse_compile.kernels.chunk_select_triton import select_tiling, vnm_select_chunks
+
+    torch.manual_seed(5)
+    v, n, m, c, seq = 16, 2, 8, 16, 32
+    z = torch.randn(64, 2 * m * c, dtype=torch.float16)
+    want = vnm_compact_ref(z, None, v, n, m, c, seq)
+    assert select_tiling(m, c) == (16, 16, 4)
+    for tiling in ((1, 4, 4), (4, 16, 8), (16, 2, 4)):
+        got = vnm_select_chunks(z, None, v, n, m, c, seq, tiling)
+        for name, a, b in zip(("h_c", "r_c", "ids"), got, want, strict=True):
+            assert torch.equal(a, b), (tiling, name)
+    for bad in ((3, 4, 4), (4, 32, 4)):
+        with pytest.raises(ValueError, match="rows must be powers of two dividing V=16"):
+            vnm_select_chunks(z, None, v, n, m, c, seq, bad)

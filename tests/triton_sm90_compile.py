@@ -168,13 +168,15 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce, launch))
     # N = 2 ranks the kept chunks' entries; N = 4 keeps them all (the causal 128:4:16 and 128:4:8 of bench.e2e)
     selects = [(16, 32, 2, False), (8, 64, 2, False), (16, 16, 2, False), (16, 64, 4, True), (8, 64, 4, True)]
+    selects += [(16, 128, 4, True)]  # the default: causal 128:4:16 in chunks of 128
     for m, c, n, causal in selects:
-        ce = {"M": m, "C": c, "N": n, "ROWS": max(1, min(16, 4096 // (m * c))), "HAS_BIAS": False, "CAUSAL": causal}
-        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS HAS_BIAS "
-        names += "CAUSAL"
+        rows, rows2, warps = chunk_select.select_tiling(m, c)
+        ce = {"M": m, "C": c, "N": n, "ROWS": rows, "ROWS2": rows2, "HAS_BIAS": False, "CAUSAL": causal}
+        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS ROWS2 "
+        names += "HAS_BIAS CAUSAL"
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
         label = f"chunk select M={m} c={c} N={n}" + (" causal" if causal else "")
-        cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce))
+        cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce, {"num_warps": warps}))
     # (c, square, split, units_m, BLOCK_D, warps): the default B2/B4 tiles and B4's units-along-M one
     wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]
     wgrad += [(64, False, 4, False, 128, 4), (64, True, 1, False, 256, 8)]
