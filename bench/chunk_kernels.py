@@ -62,8 +62,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-# the selection's (rows per step of pass 1, of pass 2, warps): [rows, M*c] and [rows2, 4c] tiles
-SELECT_SWEEP = [(2, 2, 4), (2, 8, 4), (4, 4, 8), (4, 16, 8), (8, 8, 8), (8, 16, 8), (8, 16, 16), (16, 16, 16)]
+# the selection's (rows per step of pass 1, of pass 2, warps): [rows, M*c] and [rows2, 4c] tiles; (2, 2, 4)
+# and (8, 8, 4) the former defaults at M*c = 2048 and 512
+SELECT_SWEEP = [(2, 2, 4), (2, 8, 4), (4, 4, 8), (4, 16, 8), (8, 8, 4), (8, 8, 8), (8, 16, 8), (8, 16, 16)]
+SELECT_SWEEP += [(16, 16, 16)]
 
 # (BLOCK_D, BLOCK_K, warps, stages, split, units_m, tma, group_d): units_m puts the chunk's c units
 # along the MMA's M; tma loads both operands through TMA descriptors (sm90), else through pointer
