@@ -112,12 +112,16 @@ def chunk_supports(v: int, m: int, c: int) -> bool:
 
 
 def select_tiling(m: int, c: int) -> tuple[int, int, int]:
-    """(rows per step of pass 1, of pass 2, warps): [rows, M*c] and [rows2, 4c] tiles of 8192 entries
-    (16 KB of 16-bit Z; at most 16 rows), 8 warps. H100, causal 128:4:16 in chunks of 128
-    (bench.chunk_kernels --select-sweep): (4, 16, 8) 0.086 ms at (16384, 4096) against 0.131 for
-    the former (2, 2, 4), 8 KB steps of 4 warps with too little in flight for its 256 programs;
-    0.160 against 0.180 at (16384, 8192); every tiling swept bit-exact."""
-    return max(1, min(16, 8192 // (m * c))), max(1, min(16, 8192 // (4 * c))), 8
+    """(rows per step of pass 1, of pass 2, warps). Where M*c >= 2048 (the default's causal 128:4:16
+    in chunks of 128): [rows, M*c] and [rows2, 4c] tiles of 8192 entries (16 KB of 16-bit Z), 8 warps.
+    H100 (bench.chunk_kernels --select-sweep, every tiling bit-exact): (4, 16, 8) took 0.086 ms at
+    (16384, 4096) against 0.131 for the former (2, 2, 4), whose 8 KB steps of 4 warps keep too
+    little in flight for its 256 programs, and 0.160 against 0.180 at (16384, 8192). Narrower
+    groups keep the former [rows, M*c] tiles of 4096 entries for both passes, 4 warps (not swept)."""
+    if m * c >= 2048:
+        return max(1, 8192 // (m * c)), max(1, min(16, 8192 // (4 * c))), 8
+    rows = min(16, 4096 // (m * c))
+    return rows, rows, 4
 
 
 def vnm_select_chunks(
