@@ -7,7 +7,7 @@ from tabulate import tabulate
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
-from sparse_compile.passes.size_rule import SMALL_REASON, small_ffn_bound
+from sparse_compile.passes.size_rule import SMALL_REASON, graphs_pay, small_ffn_bound
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 HOST_HINT = (
@@ -24,8 +24,8 @@ AUTO_GRAPHS_NOTE = (
     "that (clone what you keep across steps). small_ffn='dense' keeps these sites dense instead"
 )
 NO_GRAPHS_NOTE = (
-    "note: small_ffn='graphs' left CUDA graphs off ({blocker}), so {n} small CUDA site(s) stay dense by the "
-    "size rule without CUDA graphs"
+    "note: small_ffn='graphs' left CUDA graphs off ({blocker}), so {n} CUDA site(s) that pay with them stay "
+    "dense by the size rule without CUDA graphs"
 )
 
 
@@ -110,9 +110,14 @@ class Report:
         if self.auto_graphs:
             bound = small_ffn_bound(False, self.config.chunk > 1)
             notes.append(AUTO_GRAPHS_NOTE.format(n=self.auto_graphs, bound=bound))
-        small_dense = [s for s in self.dense_sites if s.record.reason.startswith(SMALL_REASON)]
-        if self.graphs_blocker and small_dense:
-            notes.append(NO_GRAPHS_NOTE.format(n=len(small_dense), blocker=self.graphs_blocker))
+        chunked = self.config.chunk > 1
+        kept_dense = [  # dense by the size rule, and sparse with the CUDA graphs the blocker ruled out
+            s
+            for s in self.dense_sites
+            if s.record.reason.startswith(SMALL_REASON) and graphs_pay(s.record.work, s.record.device, chunked)
+        ]
+        if self.graphs_blocker and kept_dense:
+            notes.append(NO_GRAPHS_NOTE.format(n=len(kept_dense), blocker=self.graphs_blocker))
         graphs = self.cuda_graphs
         bound = small_ffn_bound(graphs, self.config.chunk > 1)
         small = [s for s in self.sparse_sites if s.record.device == "cuda" and s.record.work < bound]

@@ -9,6 +9,7 @@ import torch.nn as nn
 
 import sparse_compile.backend as backend
 import sparse_compile.passes as passes
+import sparse_compile.report as report
 from sparse_compile import SparsityConfig, explain
 from sparse_compile.passes import size_rule
 from sparse_compile.report import AUTO_GRAPHS_NOTE, NO_GRAPHS_NOTE
@@ -25,8 +26,9 @@ def as_cuda(monkeypatch):
     monkeypatch.setattr(size_rule, "SMALL_FFN", {False: (2**20, 2**18), True: (2**20, 2**18)})
     monkeypatch.setattr(passes, "small_site_reason", lambda work, device, graphs, chunked: size_rule.small_site_reason(
         work, "cuda", graphs, chunked))  # fmt: skip
-    monkeypatch.setattr(backend, "graphs_pay", lambda work, device, chunked: size_rule.graphs_pay(
-        work, "cuda", chunked))  # fmt: skip
+    for module in (backend, report):
+        monkeypatch.setattr(module, "graphs_pay", lambda work, device, chunked: size_rule.graphs_pay(
+            work, "cuda", chunked))  # fmt: skip
 
 
 def _model() -> tuple[nn.Module, torch.Tensor]:
@@ -95,7 +97,12 @@ def test_where_graphs_are_ruled_out_the_site_stays_dense_and_the_report_says_why
     assert report.dense_sites[0].record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")
     assert len(report.notes) == 1 and why in report.notes[0]
     assert report.notes[0].startswith(NO_GRAPHS_NOTE.split("{")[0])
-    assert report.notes[0].endswith("so 1 small CUDA site(s) stay dense by the size rule without CUDA graphs")
+    assert report.notes[0].endswith(
+        "so 1 CUDA site(s) that pay with them stay dense by the size rule without CUDA graphs"
+    )
+    # a site under the bound with graphs too (T x d x h = 2**17) gets no such note: graphs would not have helped
+    tiny = explain(model, x[:2], config={"activations": "16:2:8", **options}, dynamic=False)
+    assert not tiny.sparse_sites and not tiny.notes
 
 
 def test_the_backend_turns_graphs_on_for_both_variants(as_cuda, monkeypatch):
