@@ -23,10 +23,13 @@ torch.compile step: 350M 1.127x-1.164x over six processes, 125M at 16 x 1024 tok
 It does not where the user turned CUDA graphs off, with permuted units (their permutation starts
 as the identity and is probed on the host, which a replayed graph does not see), or in a run of
 several processes (DDP and FSDP2 under CUDA graphs are not measured): there the bounds without
-graphs apply and the report says why.
+graphs apply and the report says why. Nor where Inductor declines to run the sparse variant's
+forward under CUDA graphs (mutated inputs, CPU tensors; sparse_compile/backend.py checks its
+cudagraph_skips counter when it compiles): the backend then decides again without them.
 
-The rule depends only on the shapes, the pattern's chunking, the options and whether the run has
-several processes, so the same compile always decides the same way.
+The rule depends only on the shapes, the pattern's chunking, the options, whether the run has
+several processes and what Inductor makes of the graph, so the same compile always decides the
+same way.
 """
 
 # torch.compile modes that run the compiled graphs as CUDA graphs (no per-kernel host work)

@@ -5,6 +5,7 @@ Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), s
 """
 
 import itertools
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from sparse_compile.report import Report
 _graph_ids = itertools.count()
 _reports: list[Report] = []
 _lock = threading.Lock()
+# each compiled graph's report at INFO; the notes that change how the model behaves (Report.warnings,
+# e.g. CUDA graphs turned on) at WARNING, which Python prints to stderr where logging is not configured
+_log = logging.getLogger("sparse_compile")
 
 
 def _source_files() -> tuple[str, ...]:
@@ -100,19 +104,59 @@ def _processes() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def plan(gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0) -> tuple[torch.fx.GraphModule, Report]:
+def plan(
+    gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0, graphs_skipped: str | None = None
+) -> tuple[torch.fx.GraphModule, Report]:
     """The sparse copy of ``gm`` and its report, CUDA graphs decided (passes/size_rule.py): the size
     rule takes its bounds with CUDA graphs where the compile runs them or small_ffn='graphs' may turn
-    them on; it does, for both variants of the graph, where a sparse site pays only with them."""
+    them on; it does, for both variants of the graph, where a sparse site pays only with them.
+    ``graphs_skipped``: why Inductor would not run this graph under the graphs small_ffn='graphs'
+    turned on; the rule then takes its bounds without them, as where the options rule them out."""
     config = opts.config
     explicit = uses_cuda_graphs(opts.mode, opts.inductor)
     with_graphs, blocker = bounds_with_graphs(config.small_ffn, opts.mode, opts.inductor, config.permute, _processes())
+    if graphs_skipped is not None and not explicit:
+        with_graphs, blocker = False, f"Inductor did not run the graph under them: {graphs_skipped}"
     sparse_gm, records = rewrite(gm, config, with_graphs)
     auto = 0
     if with_graphs and not explicit:
         auto = sum(r.sparse and graphs_pay(r.work, r.device, (r.chunk or config.chunk) > 1) for r in records)
     report = Report.from_records(config, graph_id, records, explicit or auto > 0, auto, blocker)
     return sparse_gm, report
+
+
+def _compile_under_graphs(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any]
+) -> tuple[Any, str | None]:
+    """compile_fx(gm) with triton.cudagraphs on, and why Inductor declined to run its forward under
+    CUDA graphs (its cudagraph_skips counter rose: mutated inputs, CPU tensors, an op graphs cannot
+    hold), or None. Inductor logs the reason only under TORCH_LOGS=cudagraphs; it is caught here."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_utils import cudagraphs_log
+
+    caught = _Caught()
+    before = counters["inductor"]["cudagraph_skips"]
+    cudagraphs_log.addHandler(caught)
+    try:
+        fn = compile_fx(gm, example_inputs, config_patches={**patches, "triton.cudagraphs": True})
+    finally:
+        cudagraphs_log.removeHandler(caught)
+    if counters["inductor"]["cudagraph_skips"] == before:
+        return fn, None
+    if not caught.messages:  # Inductor logs no reason for a graph without CUDA tensors
+        return fn, "its check declined them (TORCH_LOGS=cudagraphs says why)"
+    return fn, caught.messages[-1].splitlines()[0]  # "skipping cudagraphs due to ...", without its stack
+
+
+class _Caught(logging.Handler):
+    """Keeps the messages of the warnings it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def sparse_backend(
@@ -123,16 +167,26 @@ def sparse_backend(
     patches = _inductor_patches(opts)
     graph_id = next(_graph_ids)
     sparse_gm, report = plan(gm, opts, graph_id)
+    sparse_patches = {**patches, "post_grad_custom_post_pass": SourceHashPass()}
+    sparse_fn = None
+    if report.auto_graphs:  # sites that pay only under CUDA graphs: only if Inductor runs the graph under them
+        sparse_fn, skipped = _compile_under_graphs(sparse_gm, example_inputs, sparse_patches)
+        if skipped is None:  # both variants, so that the two phases share one CUDA-graph memory pool
+            patches["triton.cudagraphs"] = True
+        else:  # without graphs those sites stay dense (the size rule), and the report says why
+            sparse_gm, report = plan(gm, opts, graph_id, graphs_skipped=skipped)
+            sparse_fn = None
     with _lock:
         _reports.append(report)
+    _log.info("%s", report)
+    for note in report.warnings:
+        _log.warning("sparse_compile, graph %d: %s", graph_id, note)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)
-    if report.auto_graphs:  # both variants, so that the two phases share one CUDA-graph memory pool
-        patches["triton.cudagraphs"] = True
     dense_fn = compile_fx(gm, example_inputs, config_patches=patches)
     if not report.sparse_sites:
         return dense_fn
-    sparse_patches = {**patches, "post_grad_custom_post_pass": SourceHashPass()}
-    sparse_fn = compile_fx(sparse_gm, example_inputs, config_patches=sparse_patches)
+    if sparse_fn is None:
+        sparse_fn = compile_fx(sparse_gm, example_inputs, config_patches=sparse_patches)
     return PhaseDispatcher(sparse_fn, dense_fn)
 
 

@@ -83,8 +83,9 @@ class SparsityConfig:
         graphs, under 2**36 with them; with neuron chunks 2**37 and 2**35;
         sparse_compile/passes/size_rule.py). "graphs" (default): a site that pays only with CUDA
         graphs runs sparse, and its graph runs as CUDA graphs in both phases (torch's cudagraph
-        trees; not where the options turn CUDA graphs off, with permute, or in a run of several
-        processes); smaller sites stay dense, and the report says so per site. "dense": they stay
+        trees; not where the options turn CUDA graphs off, with permute, in a run of several
+        processes, or where Inductor declines to run the sparse graph under them); smaller sites
+        stay dense, and the report says so per site. "dense": they stay
         dense and nothing turns CUDA graphs on. "sparse": they run sparse anyway, without CUDA
         graphs unless the compile mode has them (slower than dense when measured: bench/RESULTS.md
         section 2).

@@ -33,6 +33,8 @@ def explain(
     ``config``: a SparsityConfig, the options dict given to torch.compile, a preset name, or None
     (the default preset, DEFAULT_PRESET). The model runs once, eagerly, under torch.no_grad(); nothing is compiled
     with Inductor. Each row says what runs sparse (pattern per GEMM, kernel) or why a site stays dense.
+    Where small_ffn='graphs' would turn CUDA graphs on, only a real compile learns whether Inductor
+    runs the graph under them (else those sites stay dense): compile_reports() has that report.
     """
     opts = _as_options(config)
     report = Report(opts.config)

@@ -126,6 +126,12 @@ class Report:
         return notes
 
     @property
+    def warnings(self) -> list[str]:
+        """The notes that change how the compiled model behaves for its caller (the backend logs them
+        as warnings): AUTO_GRAPHS_NOTE, where small_ffn='graphs' turned CUDA graphs on."""
+        return [n for n in self.notes if n.startswith(AUTO_GRAPHS_NOTE.split("{")[0])]
+
+    @property
     def sparse_sites(self) -> list[SiteReport]:
         return [s for s in self.sites if s.record.sparse]
 

@@ -3,6 +3,8 @@ graph (both variants) runs as CUDA graphs; where the options, permute or several
 them out the site stays dense and the report says why. The sites here are on the CPU, treated as
 CUDA sites and scaled down to the bounds below (the rule's decisions; a GPU run is in tests/gpu)."""
 
+import logging
+
 import pytest
 import torch
 import torch.nn as nn
@@ -105,25 +107,84 @@ def test_where_graphs_are_ruled_out_the_site_stays_dense_and_the_report_says_why
     assert not tiny.sparse_sites and not tiny.notes
 
 
-def test_the_backend_turns_graphs_on_for_both_variants(as_cuda, monkeypatch):
-    """Both variants compile with triton.cudagraphs=True (one memory pool for the two phases); on the
-    CPU Inductor runs the graph without them, and the output is the reference op's."""
+def _recording_compiles(monkeypatch, accept_graphs: bool, skip_message: str | None = None) -> list[dict]:
+    """backend.compile_fx wrapped: the config patches of every call. On the CPU Inductor declines CUDA
+    graphs (its cudagraph_skips counter rises); ``accept_graphs`` takes that rise back, as where
+    Inductor runs the graph under them; ``skip_message`` is logged as Inductor logs a CUDA graph's skip."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
     patches = []
     compile_fx = backend.compile_fx
 
     def recording(gm, inputs, config_patches=None, **kw):
         patches.append(dict(config_patches or {}))
-        return compile_fx(gm, inputs, config_patches=config_patches, **kw)
+        before = counters["inductor"]["cudagraph_skips"]
+        fn = compile_fx(gm, inputs, config_patches=config_patches, **kw)
+        if accept_graphs:
+            counters["inductor"]["cudagraph_skips"] = before
+        elif skip_message is not None:
+            log_cudagraph_skip_and_bump_counter(skip_message)
+        return fn
 
     monkeypatch.setattr(backend, "compile_fx", recording)
+    return patches
+
+
+def test_the_backend_turns_graphs_on_for_both_variants(as_cuda, monkeypatch, caplog):
+    """Both variants compile with triton.cudagraphs=True (one memory pool for the two phases) where
+    Inductor runs the sparse one under them, and the backend warns that it did (logger
+    sparse_compile); on the CPU Inductor runs the graph without them, and the output is the
+    reference op's."""
+    caplog.set_level(logging.INFO, logger="sparse_compile")
+    patches = _recording_compiles(monkeypatch, accept_graphs=True)
     torch._dynamo.reset()
     model, x = _model()
     y = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "reference"})(x)
     report = backend.compile_reports()[-1]
     assert report.auto_graphs == 1 and report.cuda_graphs
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "sparse_compile"]
+    note = AUTO_GRAPHS_NOTE.format(n=1, bound=2**20)
+    assert report.warnings == [note]
+    assert logged == [(logging.INFO, str(report)),
+                      (logging.WARNING, f"sparse_compile, graph {report.sites[0].graph}: {note}")]  # fmt: skip
     assert len(patches) == 2 and patches[0]["triton.cudagraphs"] is patches[1]["triton.cudagraphs"] is True
+    assert "post_grad_custom_post_pass" in patches[0]  # the sparse variant first: it decides for both
     forced = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "reference",
                                                               "small_ffn": "sparse"})  # fmt: skip
     torch._dynamo.reset()
     assert torch.equal(y, forced(x))
     assert not any("triton.cudagraphs" in p for p in patches[2:]) and not backend.compile_reports()[-1].cuda_graphs
+
+
+@pytest.mark.parametrize(
+    "message,why",
+    [
+        (None, "its check declined them (TORCH_LOGS=cudagraphs says why)"),  # the CPU graph's own skip
+        ("skipping cudagraphs due to mutated inputs (1 instances). Found from :\n  File \"m.py\", line 3",
+         "skipping cudagraphs due to mutated inputs (1 instances). Found from :"),
+    ],
+)  # fmt: skip
+def test_where_inductor_declines_graphs_the_sites_stay_dense_and_the_report_says_why(
+    as_cuda, monkeypatch, caplog, message, why
+):
+    """A site that pays only under CUDA graphs is not left running sparse without them: where Inductor
+    declines to run the sparse variant under graphs, the size rule takes its bounds without them,
+    both variants compile without graphs, and the report's note gives Inductor's reason."""
+    caplog.set_level(logging.INFO, logger="sparse_compile")
+    patches = _recording_compiles(monkeypatch, accept_graphs=False, skip_message=message)
+    torch._dynamo.reset()
+    model, x = _model()
+    y = torch.compile(model, backend="sparse", options={"activations": "16:2:8", "kernels": "reference"})(x)
+    report = backend.compile_reports()[-1]
+    assert not report.sparse_sites and not report.cuda_graphs and not report.auto_graphs and not report.warnings
+    ours = [r for r in caplog.records if r.name == "sparse_compile"]
+    assert [(r.levelno, r.getMessage()) for r in ours] == [(logging.INFO, str(report))]
+    assert report.dense_sites[0].record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")
+    assert report.notes == [NO_GRAPHS_NOTE.format(n=1, blocker=f"Inductor did not run the graph under them: {why}")]
+    assert report.notes[0] in str(report)
+    # the sparse variant tried under graphs, then only the dense one, without them
+    assert len(patches) == 2 and patches[0]["triton.cudagraphs"] is True and "triton.cudagraphs" not in patches[1]
+    assert "post_grad_custom_post_pass" in patches[0] and "post_grad_custom_post_pass" not in patches[1]
+    torch._dynamo.reset()
+    assert torch.allclose(y, torch.compile(model)(x), rtol=1e-5, atol=1e-6)  # the dense model's output
