@@ -17,11 +17,19 @@ from torch.fx import Node
 from sparse_compile.config import SparsityConfig
 from sparse_compile.dispatch import plan_kernels
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
-from sparse_compile.passes.legality import compute_dtype, example_value, fit_chunk, illegal_reason, site_note
+from sparse_compile.passes.legality import (
+    compute_dtype,
+    example_value,
+    fit_chunk,
+    has_symbolic_shapes,
+    illegal_reason,
+    site_note,
+    size_hint,
+)
 from sparse_compile.passes.rewrite_ffn import rewrite_site
 from sparse_compile.passes.size_rule import small_site_reason
 
-__all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "sparsify_ffns"]
+__all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "has_symbolic_shapes", "sparsify_ffns"]
 
 
 @dataclass
@@ -37,7 +45,7 @@ class SiteRecord:
     sparse: bool
     reason: str
     kernel: str = "dense (Inductor)"
-    work: float = math.inf  # T x d x h (inf where a dim is symbolic or unknown)
+    work: float = math.inf  # T x d x h (a symbolic dim at its hint; inf where a dim is unknown)
     chunk: int = 0  # the neuron chunk a sparse site runs with (legality.fit_chunk), 0: the config's
 
 
@@ -83,7 +91,7 @@ def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> Si
     x_node, w1_node, _ = linear_args(first)
     x, w1 = example_value(x_node), example_value(w1_node)
     dims = [] if x is None or w1 is None or w1.dim() != 2 else [*x.shape, w1.shape[0]]
-    static = bool(dims) and all(isinstance(n, int) for n in dims)
+    hints = [size_hint(n) for n in dims]  # a symbolic dim: the size the graph is compiled for
     return SiteRecord(
         module=module_of(first, second),
         source=source_of(second if second is not None else first),
@@ -93,7 +101,7 @@ def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> Si
         device="?" if x is None else x.device.type,
         sparse=sparse,
         reason=reason,
-        work=math.prod(dims) if static else math.inf,
+        work=math.prod(hints) if hints and None not in hints else math.inf,
     )
 
 

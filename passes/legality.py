@@ -10,7 +10,7 @@ import math
 
 import torch
 from torch.fx import Node
-from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
+from torch.fx.experimental.symbolic_shapes import guard_or_false, is_concrete_int, statically_known_true
 
 from sparse_compile.config import SparsityConfig
 from sparse_compile.dispatch import DEVICES
@@ -23,6 +23,27 @@ def example_value(node: Node | None) -> torch.Tensor | None:
         return None
     value = node.meta.get("example_value")
     return value if isinstance(value, torch.Tensor) else None
+
+
+def size_hint(n: int | torch.SymInt) -> int | None:
+    """A dim's size: its value, or for a symbolic dim the size the graph is being compiled for
+    (Dynamo's hint), None where there is none (unbacked)."""
+    if isinstance(n, int):
+        return n
+    return n.node.hint if n.node.has_hint() else None
+
+
+def has_symbolic_shapes(gm: torch.fx.GraphModule) -> bool:
+    """Whether Dynamo traced ``gm`` with dynamic shapes: a placeholder that is a symbolic int or a
+    tensor with a symbolic dim (the graph then serves more than one size)."""
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value")
+        dims = value.shape if isinstance(value, torch.Tensor) else [value] if isinstance(value, torch.SymInt) else []
+        if any(not is_concrete_int(d) for d in dims):
+            return True
+    return False
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

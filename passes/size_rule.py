@@ -22,10 +22,14 @@ torch.compile step: 350M 1.127x-1.164x over six processes, 125M at 16 x 1024 tok
 1.051x-1.060x (H100, bench/RESULTS.md section 2).
 It does not where the user turned CUDA graphs off, with permuted units (their permutation starts
 as the identity and is probed on the host, which a replayed graph does not see), or in a run of
-several processes (DDP and FSDP2 under CUDA graphs are not measured): there the bounds without
+several processes (DDP and FSDP2 under CUDA graphs are not measured), or in a graph traced with
+dynamic shapes (cudagraph trees record one graph per size; not measured): there the bounds without
 graphs apply and the report says why. Nor where Inductor declines to run the sparse variant's
 forward under CUDA graphs (mutated inputs, CPU tensors; sparse_compile/backend.py checks its
 cudagraph_skips counter when it compiles): the backend then decides again without them.
+
+A symbolic dim counts at the size the graph is compiled for (Dynamo's hint), so a small FFN
+traced with dynamic shapes is as small as a static one.
 
 The rule depends only on the shapes, the pattern's chunking, the options, whether the run has
 several processes and what Inductor makes of the graph, so the same compile always decides the
@@ -45,8 +49,11 @@ def uses_cuda_graphs(mode: str | None, inductor: dict | None = None) -> bool:
     return bool(flag) if flag is not None else mode in CUDA_GRAPH_MODES
 
 
-def auto_graphs_blocker(mode: str | None, inductor: dict | None, permute: bool, processes: int) -> str | None:
-    """Why small_ffn='graphs' may not turn CUDA graphs on for a compile, or None where it may."""
+def auto_graphs_blocker(
+    mode: str | None, inductor: dict | None, permute: bool, processes: int, dynamic: bool = False
+) -> str | None:
+    """Why small_ffn='graphs' may not turn CUDA graphs on for a compile, or None where it may
+    (``dynamic``: the graph has symbolic shapes)."""
     flag = (inductor or {}).get("triton.cudagraphs")
     if flag is not None and not flag:
         return f"the inductor option triton.cudagraphs={flag!r}"
@@ -56,10 +63,14 @@ def auto_graphs_blocker(mode: str | None, inductor: dict | None, permute: bool, 
         return "permute=True (a replayed graph does not see the host's unit permutations and probes)"
     if processes > 1:
         return f"a run of {processes} processes (DDP and FSDP2 under CUDA graphs are not measured)"
+    if dynamic:
+        return "dynamic shapes (cudagraph trees record one graph per size; not measured)"
     return None
 
 
-def bounds_with_graphs(config_small_ffn: str, mode: str | None, inductor: dict | None, permute: bool, processes: int):
+def bounds_with_graphs(
+    config_small_ffn: str, mode: str | None, inductor: dict | None, permute: bool, processes: int, dynamic: bool = False
+):
     """(whether the size rule takes its bounds with CUDA graphs, why small_ffn='graphs' may not turn
     them on or None): with them where the compile runs CUDA graphs, or small_ffn='graphs' may turn
     them on (the backend then does, for both variants, where a sparse site needs them)."""
@@ -67,7 +78,7 @@ def bounds_with_graphs(config_small_ffn: str, mode: str | None, inductor: dict |
         return True, None
     if config_small_ffn != "graphs":
         return False, None
-    blocker = auto_graphs_blocker(mode, inductor, permute, processes)
+    blocker = auto_graphs_blocker(mode, inductor, permute, processes, dynamic)
     return blocker is None, blocker
 
 

@@ -17,7 +17,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 import sparse_compile.phase as _phase
 from sparse_compile.config import BackendOptions, SparsityConfig
 from sparse_compile.dump import dump_compile
-from sparse_compile.passes import SiteRecord, sparsify_ffns
+from sparse_compile.passes import SiteRecord, has_symbolic_shapes, sparsify_ffns
 from sparse_compile.passes.size_rule import bounds_with_graphs, graphs_pay, uses_cuda_graphs
 from sparse_compile.report import Report
 
@@ -114,7 +114,10 @@ def plan(
     turned on; the rule then takes its bounds without them, as where the options rule them out."""
     config = opts.config
     explicit = uses_cuda_graphs(opts.mode, opts.inductor)
-    with_graphs, blocker = bounds_with_graphs(config.small_ffn, opts.mode, opts.inductor, config.permute, _processes())
+    dynamic = has_symbolic_shapes(gm)
+    with_graphs, blocker = bounds_with_graphs(
+        config.small_ffn, opts.mode, opts.inductor, config.permute, _processes(), dynamic
+    )
     if graphs_skipped is not None and not explicit:
         with_graphs, blocker = False, f"Inductor did not run the graph under them: {graphs_skipped}"
     sparse_gm, records = rewrite(gm, config, with_graphs)

@@ -84,7 +84,8 @@ class SparsityConfig:
         sparse_compile/passes/size_rule.py). "graphs" (default): a site that pays only with CUDA
         graphs runs sparse, and its graph runs as CUDA graphs in both phases (torch's cudagraph
         trees; not where the options turn CUDA graphs off, with permute, in a run of several
-        processes, or where Inductor declines to run the sparse graph under them); smaller sites
+        processes, with dynamic shapes, or where Inductor declines to run the sparse graph under
+        them); smaller sites
         stay dense, and the report says so per site. "dense": they stay
         dense and nothing turns CUDA graphs on. "sparse": they run sparse anyway, without CUDA
         graphs unless the compile mode has them (slower than dense when measured: bench/RESULTS.md

@@ -46,7 +46,11 @@ def test_the_rule_s_parts():
     assert "max-autotune-no-cudagraphs" in blocker("max-autotune-no-cudagraphs", {}, False, 1)
     assert "permute=True" in blocker(None, {}, True, 1)
     assert "a run of 2 processes" in blocker(None, {}, False, 2)
+    dynamic = "dynamic shapes (cudagraph trees record one graph per size; not measured)"
+    assert blocker(None, {}, False, 1, True) == dynamic
     with_graphs = size_rule.bounds_with_graphs
+    assert with_graphs("graphs", None, {}, False, 1, True) == (False, dynamic)
+    assert with_graphs("graphs", "reduce-overhead", {}, False, 1, True) == (True, None)
     assert with_graphs("dense", "reduce-overhead", {}, True, 4) == (True, None)  # the mode's graphs
     assert with_graphs("sparse", None, {}, False, 1) == (False, None)
     assert with_graphs("dense", None, {}, False, 1) == (False, None)
@@ -129,6 +133,27 @@ def _recording_compiles(monkeypatch, accept_graphs: bool, skip_message: str | No
 
     monkeypatch.setattr(backend, "compile_fx", recording)
     return patches
+
+
+def test_dynamic_shapes_are_sized_at_their_hints_and_get_no_graphs(as_cuda):
+    """A graph traced with dynamic shapes: a site's T x d x h is taken at the sizes the graph is
+    compiled for (Dynamo's hints), not as unbounded; small_ffn='graphs' does not turn CUDA graphs on
+    for it (cudagraph trees would record one graph per size), so a site that pays only under graphs
+    stays dense and the report says why; the compile mode's graphs and larger sites are unchanged."""
+    model, x = _model()
+    report = explain(model, x, config={"activations": "16:2:8"}, dynamic=True)
+    assert not report.sparse_sites and not report.cuda_graphs and not report.auto_graphs
+    record = report.dense_sites[0].record
+    assert record.work == WORK and record.input_shape != str(tuple(x.shape))  # symbolic, at its hint
+    assert record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")
+    blocker = "dynamic shapes (cudagraph trees record one graph per size; not measured)"
+    assert report.notes == [NO_GRAPHS_NOTE.format(n=1, blocker=blocker)]
+    static = explain(model, x, config={"activations": "16:2:8"}, dynamic=False)
+    assert static.auto_graphs == 1 and static.sparse_sites[0].record.input_shape == str(tuple(x.shape))
+    mode = explain(model, x, config={"activations": "16:2:8", "mode": "reduce-overhead"}, dynamic=True)
+    assert len(mode.sparse_sites) == 1 and mode.cuda_graphs and not mode.notes
+    big = explain(model, torch.randn(16, 16, 32), config={"activations": "16:2:8"}, dynamic=True)  # 2**20
+    assert len(big.sparse_sites) == 1 and big.sparse_sites[0].record.work == 2**20 and not big.cuda_graphs
 
 
 def test_the_backend_turns_graphs_on_for_both_variants(as_cuda, monkeypatch, caplog):
