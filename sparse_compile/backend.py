@@ -133,7 +133,8 @@ def _compile_under_graphs(
 ) -> tuple[Any, str | None]:
     """compile_fx(gm) with triton.cudagraphs on, and why Inductor declined to run its forward under
     CUDA graphs (its cudagraph_skips counter rose: mutated inputs, CPU tensors, an op graphs cannot
-    hold), or None. Inductor logs the reason only under TORCH_LOGS=cudagraphs; it is caught here."""
+    hold), or None. The reason is Inductor's own warning ("skipping cudagraphs due to ..."), caught
+    here for the report."""
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_utils import cudagraphs_log
 
@@ -146,8 +147,8 @@ def _compile_under_graphs(
         cudagraphs_log.removeHandler(caught)
     if counters["inductor"]["cudagraph_skips"] == before:
         return fn, None
-    if not caught.messages:  # Inductor logs no reason for a graph without CUDA tensors
-        return fn, "its check declined them (TORCH_LOGS=cudagraphs says why)"
+    if not caught.messages:  # Inductor warns of no reason for a graph without CUDA tensors, or by a policy
+        return fn, "its cudagraph check declined them"
     return fn, caught.messages[-1].splitlines()[0]  # "skipping cudagraphs due to ...", without its stack
 
 
