@@ -58,3 +58,51 @@ def test_sites_that_pay_only_with_graphs_run_sparse_under_them():
     torch.testing.assert_close(torch.tensor(graphs), torch.tensor(forced), rtol=2e-3, atol=0.0)
     torch.testing.assert_close(graphs_dense, forced_dense, rtol=2e-3, atol=0.0)
     assert graphs[-1] < graphs[0]
+
+
+class CpuPositions(torch.nn.Module):
+    """One FFN site that pays only with CUDA graphs (T x d x h = 8192 x 1024 x 4096 = 2**35) after
+    an embedding whose positions are made on the CPU and moved (torch.arange without device=, a
+    common spelling), which Inductor may decline to run under CUDA graphs."""
+
+    def __init__(self) -> None:
+        from bench.model import MLP, GPTConfig
+
+        super().__init__()
+        self.wte = torch.nn.Embedding(256, 1024)
+        self.wpe = torch.nn.Embedding(2048, 1024)
+        self.ln = torch.nn.LayerNorm(1024)
+        self.mlp = MLP(GPTConfig(n_embd=1024))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]).to(idx.device))
+        return x + self.mlp(self.ln(x))
+
+
+def test_the_report_agrees_with_inductor_on_cuda_graphs():
+    """Where Inductor declines CUDA graphs for the sparse graph (its cudagraph_skips counter), the
+    site that needed them stays dense, the note gives Inductor's reason, and the output is the dense
+    graph's; where it accepts them (e.g. its graph partitions keep the CPU ops outside), the site
+    runs sparse under them."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    torch._dynamo.reset()
+    cudagraph_trees.reset_cudagraph_trees()
+    counters.clear()
+    torch.manual_seed(0)
+    model = CpuPositions().cuda()
+    idx = torch.randint(0, 256, (4, 2048), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = torch.compile(model, backend="sparse")(idx).float().clone()
+    report = compile_reports()[-1]
+    if counters["inductor"]["cudagraph_skips"]:
+        assert not report.sparse_sites and not report.cuda_graphs and not report.auto_graphs
+        assert "Inductor did not run the graph under them: skipping cudagraphs due to" in str(report)
+        torch._dynamo.reset()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            dense = torch.compile(model, backend="sparse", options={"small_ffn": "dense"})(idx).float()
+        torch.testing.assert_close(y, dense, rtol=0.0, atol=0.0)
+    else:
+        assert len(report.sparse_sites) == 1 and report.auto_graphs == 1 and report.cuda_graphs
+    assert torch.isfinite(y).all()
