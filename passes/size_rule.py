@@ -26,7 +26,8 @@ several processes (DDP and FSDP2 under CUDA graphs are not measured), or in a gr
 dynamic shapes (cudagraph trees record one graph per size; not measured): there the bounds without
 graphs apply and the report says why. Nor where Inductor declines to run the sparse variant's
 forward under CUDA graphs (mutated inputs, CPU tensors; sparse_compile/backend.py checks its
-cudagraph_skips counter when it compiles): the backend then decides again without them.
+cudagraph_skips counter when it compiles): the backend then decides again without them, as it
+does where the compile mode asked for the graphs (small_ffn "graphs" or "dense").
 
 A symbolic dim counts at the size the graph is compiled for (Dynamo's hint), so a small FFN
 traced with dynamic shapes is as small as a static one.

@@ -105,27 +105,31 @@ def _processes() -> int:
 
 
 def plan(
-    gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0, graphs_skipped: str | None = None
+    gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0, graphs_declined: str | None = None
 ) -> tuple[torch.fx.GraphModule, Report]:
     """The sparse copy of ``gm`` and its report, CUDA graphs decided (passes/size_rule.py): the size
     rule takes its bounds with CUDA graphs where the compile runs them or small_ffn='graphs' may turn
     them on; it does, for both variants of the graph, where a sparse site pays only with them.
-    ``graphs_skipped``: why Inductor would not run this graph under the graphs small_ffn='graphs'
-    turned on; the rule then takes its bounds without them, as where the options rule them out."""
+    ``graphs_declined``: why Inductor would not run this graph under CUDA graphs; the rule then takes
+    its bounds without them, as where the options rule them out."""
     config = opts.config
     explicit = uses_cuda_graphs(opts.mode, opts.inductor)
     dynamic = has_symbolic_shapes(gm)
     with_graphs, blocker = bounds_with_graphs(
         config.small_ffn, opts.mode, opts.inductor, config.permute, _processes(), dynamic
     )
-    if graphs_skipped is not None and not explicit:
-        with_graphs, blocker = False, f"Inductor did not run the graph under them: {graphs_skipped}"
+    if graphs_declined is not None:
+        with_graphs, blocker = False, f"Inductor declined them: {graphs_declined}"
     sparse_gm, records = rewrite(gm, config, with_graphs)
-    auto = 0
-    if with_graphs and not explicit:
-        auto = sum(r.sparse and graphs_pay(r.work, r.device, (r.chunk or config.chunk) > 1) for r in records)
-    report = Report.from_records(config, graph_id, records, explicit or auto > 0, auto, blocker)
-    return sparse_gm, report
+    auto = _graph_sites(records, config.chunk) if with_graphs and not explicit else 0
+    cuda_graphs = (explicit and graphs_declined is None) or auto > 0
+    return sparse_gm, Report.from_records(config, graph_id, records, cuda_graphs, auto, blocker)
+
+
+def _graph_sites(records: list[SiteRecord], chunk: int) -> int:
+    """How many sparse sites pay only with CUDA graphs (passes/size_rule.graphs_pay): the sites a
+    decline of CUDA graphs would leave running host-bound. ``chunk``: the config's."""
+    return sum(r.sparse and graphs_pay(r.work, r.device, (r.chunk or chunk) > 1) for r in records)
 
 
 def _compile_under_graphs(
@@ -148,7 +152,7 @@ def _compile_under_graphs(
     if counters["inductor"]["cudagraph_skips"] == before:
         return fn, None
     if not caught.messages:  # Inductor warns of no reason for a graph without CUDA tensors, or by a policy
-        return fn, "its cudagraph check declined them"
+        return fn, "it gave no reason"
     return fn, caught.messages[-1].splitlines()[0]  # "skipping cudagraphs due to ...", without its stack
 
 
@@ -173,12 +177,15 @@ def sparse_backend(
     sparse_gm, report = plan(gm, opts, graph_id)
     sparse_patches = {**patches, "post_grad_custom_post_pass": SourceHashPass()}
     sparse_fn = None
-    if report.auto_graphs:  # sites that pay only under CUDA graphs: only if Inductor runs the graph under them
-        sparse_fn, skipped = _compile_under_graphs(sparse_gm, example_inputs, sparse_patches)
-        if skipped is None:  # both variants, so that the two phases share one CUDA-graph memory pool
+    sites = [s.record for s in report.sites]
+    # sites that pay only under CUDA graphs (turned on by small_ffn or the mode; not where small_ffn='sparse'
+    # asks for them regardless) run sparse only if Inductor runs the graph under them
+    if report.cuda_graphs and opts.config.small_ffn != "sparse" and _graph_sites(sites, opts.config.chunk):
+        sparse_fn, declined = _compile_under_graphs(sparse_gm, example_inputs, sparse_patches)
+        if declined is None and report.auto_graphs:  # both variants: the two phases share one memory pool
             patches["triton.cudagraphs"] = True
-        else:  # without graphs those sites stay dense (the size rule), and the report says why
-            sparse_gm, report = plan(gm, opts, graph_id, graphs_skipped=skipped)
+        elif declined is not None:  # without graphs those sites stay dense (the size rule); the report says why
+            sparse_gm, report = plan(gm, opts, graph_id, graphs_declined=declined)
             sparse_fn = None
     with _lock:
         _reports.append(report)

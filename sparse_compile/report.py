@@ -24,7 +24,7 @@ AUTO_GRAPHS_NOTE = (
     "that (clone what you keep across steps). small_ffn='dense' keeps these sites dense instead"
 )
 NO_GRAPHS_NOTE = (
-    "note: small_ffn='graphs' left CUDA graphs off ({blocker}), so {n} CUDA site(s) that pay with them stay "
+    "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "
     "dense by the size rule without CUDA graphs"
 )
 
@@ -69,7 +69,7 @@ class Report:
     sites: list[SiteReport] = field(default_factory=list)
     cuda_graphs: bool = False  # the graphs run as CUDA graphs (the compile mode, or auto_graphs)
     auto_graphs: int = 0  # sparse sites that small_ffn='graphs' turned CUDA graphs on for
-    graphs_blocker: str | None = None  # why small_ffn='graphs' could not (passes/size_rule.auto_graphs_blocker)
+    graphs_blocker: str | None = None  # why the graph runs without CUDA graphs the size rule would use
 
     @classmethod
     def from_records(
@@ -103,8 +103,9 @@ class Report:
     @property
     def notes(self) -> list[str]:
         """Lines under the summary (passes/size_rule.py: a size rule, the same compile always says the
-        same): AUTO_GRAPHS_NOTE where small_ffn='graphs' turned CUDA graphs on, NO_GRAPHS_NOTE where it
-        could not and small sites stayed dense, HOST_HINT where small_ffn='sparse' runs CUDA sites
+        same): AUTO_GRAPHS_NOTE where small_ffn='graphs' turned CUDA graphs on, NO_GRAPHS_NOTE where the
+        graph runs without them (the options, or Inductor declined them) and sites that pay only with
+        them stayed dense, HOST_HINT where small_ffn='sparse' runs CUDA sites
         below the size rule's bound sparse."""
         notes = []
         if self.auto_graphs:

@@ -185,7 +185,7 @@ def test_the_backend_turns_graphs_on_for_both_variants(as_cuda, monkeypatch, cap
 @pytest.mark.parametrize(
     "message,why",
     [
-        (None, "its cudagraph check declined them"),  # the CPU graph's own skip: no warning
+        (None, "it gave no reason"),  # the CPU graph's own skip: no warning
         ("skipping cudagraphs due to mutated inputs (1 instances). Found from :\n  File \"m.py\", line 3",
          "skipping cudagraphs due to mutated inputs (1 instances). Found from :"),
     ],
@@ -206,10 +206,29 @@ def test_where_inductor_declines_graphs_the_sites_stay_dense_and_the_report_says
     ours = [r for r in caplog.records if r.name == "sparse_compile"]
     assert [(r.levelno, r.getMessage()) for r in ours] == [(logging.INFO, str(report))]
     assert report.dense_sites[0].record.reason.startswith("small FFN: T x d x h = 2.6e+05 < 1e+06 without CUDA graphs")
-    assert report.notes == [NO_GRAPHS_NOTE.format(n=1, blocker=f"Inductor did not run the graph under them: {why}")]
+    assert report.notes == [NO_GRAPHS_NOTE.format(n=1, blocker=f"Inductor declined them: {why}")]
     assert report.notes[0] in str(report)
     # the sparse variant tried under graphs, then only the dense one, without them
     assert len(patches) == 2 and patches[0]["triton.cudagraphs"] is True and "triton.cudagraphs" not in patches[1]
     assert "post_grad_custom_post_pass" in patches[0] and "post_grad_custom_post_pass" not in patches[1]
     torch._dynamo.reset()
     assert torch.allclose(y, torch.compile(model)(x), rtol=1e-5, atol=1e-6)  # the dense model's output
+
+
+def test_under_the_mode_s_graphs_a_decline_leaves_the_sites_dense_too(as_cuda, monkeypatch):
+    """mode='reduce-overhead' asks for CUDA graphs, so the size rule takes its bounds with them; where
+    Inductor declines them the sites that pay only with them stay dense as well (the mode stays the
+    user's for the dense graph). small_ffn='sparse' runs them sparse regardless: no check."""
+    patches = _recording_compiles(monkeypatch, accept_graphs=False)
+    torch._dynamo.reset()
+    model, x = _model()
+    options = {"activations": "16:2:8", "kernels": "reference", "mode": "reduce-overhead"}
+    torch.compile(model, backend="sparse", options=options)(x)
+    report = backend.compile_reports()[-1]
+    assert not report.sparse_sites and not report.cuda_graphs and not report.auto_graphs
+    assert report.notes == [NO_GRAPHS_NOTE.format(n=1, blocker="Inductor declined them: it gave no reason")]
+    assert len(patches) == 2 and patches[0]["triton.cudagraphs"] is patches[1]["triton.cudagraphs"] is True
+    torch._dynamo.reset()
+    torch.compile(model, backend="sparse", options={**options, "small_ffn": "sparse"})(x)
+    forced = backend.compile_reports()[-1]
+    assert len(forced.sparse_sites) == 1 and forced.cuda_graphs and len(patches) == 4
