@@ -29,7 +29,7 @@ from sparse_compile.passes.legality import (
 from sparse_compile.passes.rewrite_ffn import rewrite_site
 from sparse_compile.passes.size_rule import small_site_reason
 
-__all__ = ["FFNMatch", "NearMiss", "SiteRecord", "find_ffn_sites", "has_symbolic_shapes", "sparsify_ffns"]
+__all__ = ["FFNMatch", "NearMiss", "SiteRecord", "copy_graph", "find_ffn_sites", "has_symbolic_shapes", "sparsify_ffns"]
 
 
 @dataclass
@@ -105,8 +105,34 @@ def _describe(first: Node, second: Node | None, sparse: bool, reason: str) -> Si
     )
 
 
+def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule with a copy of ``gm``'s graph (its node metadata shared; attributes, the bodies
+    of higher-order ops included, are the same objects)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _checkpoint_bodies(gm: torch.fx.GraphModule) -> list[str]:
+    """The attribute names of ``gm``'s activation-checkpoint regions' bodies, in graph order, once each:
+    Dynamo traces torch.utils.checkpoint (use_reentrant=False) into a tag_activation_checkpoint call
+    whose first argument is its body's get_attr; AOTAutograd inlines the body and recomputes it in
+    backward, a rewritten FFN op included."""
+    op = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
+    names: list[str] = []
+    for node in gm.graph.nodes:
+        if op is not None and node.op == "call_function" and node.target is op:
+            body = node.args[0]
+            if isinstance(body, Node) and body.op == "get_attr" and body.target not in names:
+                names.append(body.target)
+    return names
+
+
 def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False) -> list[SiteRecord]:
-    """Rewrite every legal squared-ReLU FFN of ``gm`` (in place); a record per site and near-miss.
+    """Rewrite every legal squared-ReLU FFN of ``gm`` (in place) and of its activation-checkpoint
+    regions (each rewritten in a copy of its body that replaces it on ``gm``, so a graph that shares
+    the body keeps it); a record per site and near-miss, ``gm``'s own first.
     ``cuda_graphs``: the size rule (passes/size_rule.py) takes its bounds with CUDA graphs."""
     matches, misses = find_ffn_sites(gm.graph)
     records: list[SiteRecord] = []
@@ -147,4 +173,10 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         gm.recompile()
     counters["sparse_compile"]["sites_sparse"] += n_sparse
     counters["sparse_compile"]["sites_dense"] += len(records) - n_sparse
+    for name in _checkpoint_bodies(gm):
+        body = copy_graph(getattr(gm, name))
+        inner = sparsify_ffns(body, config, cuda_graphs)
+        if any(r.sparse for r in inner):
+            setattr(gm, name, body)
+        records.extend(inner)
     return records

@@ -17,7 +17,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 import sparse_compile.phase as _phase
 from sparse_compile.config import BackendOptions, SparsityConfig
 from sparse_compile.dump import dump_compile
-from sparse_compile.passes import SiteRecord, has_symbolic_shapes, sparsify_ffns
+from sparse_compile.passes import SiteRecord, copy_graph, has_symbolic_shapes, sparsify_ffns
 from sparse_compile.passes.size_rule import bounds_with_graphs, graphs_pay, uses_cuda_graphs
 from sparse_compile.report import Report
 
@@ -83,18 +83,11 @@ def _inductor_patches(opts: BackendOptions) -> dict[str, Any]:
     return patches
 
 
-def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    graph = torch.fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    return torch.fx.GraphModule(gm, graph)
-
-
 def rewrite(
     gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False
 ) -> tuple[torch.fx.GraphModule, list[SiteRecord]]:
     """A copy of ``gm`` with every legal FFN site rewritten, and the records of all sites."""
-    sparse_gm = _copy(gm)
+    sparse_gm = copy_graph(gm)
     return sparse_gm, sparsify_ffns(sparse_gm, config, cuda_graphs)
 
 
