@@ -120,9 +120,11 @@ def _checkpoint_bodies(gm: torch.fx.GraphModule) -> list[str]:
     whose first argument is its body's get_attr; AOTAutograd inlines the body and recomputes it in
     backward, a rewritten FFN op included."""
     op = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
+    if op is None:
+        return []
     names: list[str] = []
     for node in gm.graph.nodes:
-        if op is not None and node.op == "call_function" and node.target is op:
+        if node.op == "call_function" and node.target is op:
             body = node.args[0]
             if isinstance(body, Node) and body.op == "get_attr" and body.target not in names:
                 names.append(body.target)
