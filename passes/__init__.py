@@ -114,27 +114,33 @@ def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-def _checkpoint_bodies(gm: torch.fx.GraphModule) -> list[str]:
-    """The attribute names of ``gm``'s activation-checkpoint regions' bodies, in graph order, once each:
-    Dynamo traces torch.utils.checkpoint (use_reentrant=False) into a tag_activation_checkpoint call
-    whose first argument is its body's get_attr; AOTAutograd inlines the body and recomputes it in
-    backward, a rewritten FFN op included."""
-    op = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
-    if op is None:
-        return []
-    names: list[str] = []
+def _region_bodies(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """(attribute name, higher-order op) of the body subgraphs ``gm``'s higher-order-op calls run, in
+    graph order, once each. Dynamo traces torch.utils.checkpoint (use_reentrant=False) into a
+    tag_activation_checkpoint call on its body, which AOTAutograd inlines and recomputes in backward,
+    a rewritten FFN op included; torch.compiler.nested_compile_region into invoke_subgraph."""
+    bodies: list[tuple[str, str]] = []
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is op:
-            body = node.args[0]
-            if isinstance(body, Node) and body.op == "get_attr" and body.target not in names:
-                names.append(body.target)
-    return names
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        for arg in node.args:
+            is_body = isinstance(arg, Node) and arg.op == "get_attr"
+            if is_body and isinstance(getattr(gm, arg.target, None), torch.fx.GraphModule):
+                if arg.target not in [name for name, _ in bodies]:
+                    bodies.append((arg.target, node.target.name()))
+    return bodies
+
+
+# the regions whose FFNs are rewritten; others' are reported dense (invoke_subgraph: its body is compiled
+# once and shared by an identifier, which the sparse and the dense variant would both carry)
+REWRITTEN_REGIONS = ("tag_activation_checkpoint",)
 
 
 def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False) -> list[SiteRecord]:
     """Rewrite every legal squared-ReLU FFN of ``gm`` (in place) and of its activation-checkpoint
     regions (each rewritten in a copy of its body that replaces it on ``gm``, so a graph that shares
-    the body keeps it); a record per site and near-miss, ``gm``'s own first.
+    the body keeps it); a record per site and near-miss, ``gm``'s own first; the FFNs of other
+    higher-order-op regions are recorded dense with the reason.
     ``cuda_graphs``: the size rule (passes/size_rule.py) takes its bounds with CUDA graphs."""
     matches, misses = find_ffn_sites(gm.graph)
     records: list[SiteRecord] = []
@@ -175,7 +181,13 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         gm.recompile()
     counters["sparse_compile"]["sites_sparse"] += n_sparse
     counters["sparse_compile"]["sites_dense"] += len(records) - n_sparse
-    for name in _checkpoint_bodies(gm):
+    for name, region in _region_bodies(gm):
+        if region not in REWRITTEN_REGIONS:
+            why = f"inside a region of the higher-order op {region}, whose FFNs are not rewritten (rewritten: "
+            why += f"{', '.join(REWRITTEN_REGIONS)}, torch.utils.checkpoint's)"
+            matches, _ = find_ffn_sites(getattr(gm, name).graph)
+            records.extend(_describe(m.first, m.second, False, why) for m in matches)
+            continue
         body = copy_graph(getattr(gm, name))
         inner = sparsify_ffns(body, config, cuda_graphs)
         if any(r.sparse for r in inner):

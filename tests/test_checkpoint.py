@@ -4,6 +4,7 @@ FFNs in a copy of each body (the dense variant keeps the original), and AOTAutog
 sparse op in backward. The checkpointed model computes what the same model without checkpointing
 computes under backend='sparse', forward and every gradient."""
 
+import pytest
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -79,3 +80,29 @@ def test_explain_lists_the_sites_inside_checkpoint_regions():
     model, x = Net(), torch.randn(2, 64, 32)
     report = explain(model, x, config=OPTIONS)
     assert len(report.sparse_sites) == 3 and "3 sparse FFN site(s), 0 dense" in str(report)
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "nested_compile_region"), reason="torch.compiler.nested_compile_region")
+def test_ffns_in_regions_not_rewritten_are_reported_dense_with_the_reason():
+    """torch.compiler.nested_compile_region traces into invoke_subgraph, whose body is compiled once
+    and shared by an identifier: its FFN stays dense, and the report names it and says why."""
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        @torch.compiler.nested_compile_region
+        def inner(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(x)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(self.inner(x))
+
+    torch.manual_seed(0)
+    report = explain(Shared(), torch.randn(2, 64, 32), config=OPTIONS)
+    assert not report.sparse_sites and [s.record.module for s in report.dense_sites] == ["block.mlp"]
+    assert report.dense_sites[0].record.reason == (
+        "inside a region of the higher-order op invoke_subgraph, whose FFNs are not rewritten (rewritten: "
+        "tag_activation_checkpoint, torch.utils.checkpoint's)"
+    )
