@@ -170,11 +170,15 @@ def measure(
     dz_c = (r_c * 0.5).contiguous()  # stands in for dZ~: same sparsity, any values
     # B2 and B4 as the op runs them (B2 on H~ = round(r_c^2), which B1's epilogue writes: h_c here),
     # through pointer tiles (tma=False), and B2 squaring r_c on the way (its former form)
-    wgrads = [("B2", h_c, dy, False, True, None), ("B4", dz_c, x, False, False, None)]
-    wgrads += [("B2 pointers", h_c, dy, False, True, False), ("B4 pointers", dz_c, x, False, False, False)]
-    wgrads += [("B2 squaring r_c", r_c, dy, True, True, None)]
-    for name, a, b, square, transpose, tma in wgrads:
-        kw = dict(square=square, transpose=transpose, csr=csr, tma=tma)
+    # and, for the c >= 128 tile, one program per output tile (tail=False: no split of a last wave)
+    wgrads = [("B2", h_c, dy, False, True, None, None), ("B4", dz_c, x, False, False, None, None)]
+    wgrads += [("B2 pointers", h_c, dy, False, True, False, None), ("B4 pointers", dz_c, x, False, False, False, None)]
+    wgrads += [("B2 squaring r_c", r_c, dy, True, True, None, None)]
+    if c >= 128:
+        wgrads += [("B2 one program per tile", h_c, dy, False, True, None, False)]
+        wgrads += [("B4 one program per tile", dz_c, x, False, False, None, False)]
+    for name, a, b, square, transpose, tma, tail in wgrads:
+        kw = dict(square=square, transpose=transpose, csr=csr, tma=tma, tail=tail)
         got = chunk_wgrad(a, ids, b, v, c, h, **kw)
         dense_a = vnm_scatter_ref(a * a if square else a, ids, v, h)
         want = dense_a.t() @ b
@@ -210,7 +214,7 @@ def measure(
             # the default tile with the chunks in id order (no longest-first), D tiles outer or inner
             ident = torch.arange(h // c, device="cuda", dtype=torch.int32)
             for gd, what in ((1, "D tiles outer"), (None, "default D grouping")):
-                kw = dict(square=square, transpose=transpose, csr=csr, order=ident, group_d=gd)
+                kw = dict(square=square, transpose=transpose, csr=csr, order=ident, group_d=gd, tail=False)
                 got = chunk_wgrad(a, ids, b, v, c, h, **kw)
                 ms = _ms(lambda a=a, b=b, kw=kw: chunk_wgrad(a, ids, b, v, c, h, **kw))
                 check = f"rel {_rel(got.t() if transpose else got, want):.1e}"

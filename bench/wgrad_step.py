@@ -9,6 +9,7 @@ per call in the step), and records the operands of every B2 and B4 call of the l
 each recorded call it prints how many blocks keep each chunk (mean, max, quantiles), then the
 do_bench median of chunk_wgrad on:
   step                          the recorded operands, the op's program order (what ran in the step)
+  one program per tile          the same without the TAIL schedule (tail=False: a last wave's tiles unsplit)
   chunk-id order, ...           the same, chunks in id order, 4 D tiles each or one (D tiles outer)
   most kept first, ...          the op's chunk order, one D tile or all 12 per chunk back to back
   step, split-K 2               each tile's K steps over two programs (float32 partials, summed)
@@ -72,10 +73,11 @@ def time_call(kernel, a: tuple, kw: dict) -> None:
     rand = (torch.randn_like(comp), ids, torch.randn_like(other), *a[3:])
     variants = {  # label: (args, kwargs, equal to the step's product)
         "step": (a, kw, True),
-        "chunk-id order, 4 D tiles per chunk": (a, {**kw, "order": None}, True),
-        "chunk-id order, D tiles outer": (a, {**kw, "order": None, "group_d": 1}, True),
-        "most kept first, D tiles outer": (a, {**kw, "group_d": 1}, True),
-        "most kept first, 12 D tiles per chunk": (a, {**kw, "group_d": 12}, True),
+        "one program per tile (no tail split)": (a, {**kw, "tail": False}, False),
+        "chunk-id order, 4 D tiles per chunk": (a, {**kw, "order": None, "tail": False}, False),
+        "chunk-id order, D tiles outer": (a, {**kw, "order": None, "group_d": 1, "tail": False}, False),
+        "most kept first, D tiles outer": (a, {**kw, "group_d": 1}, False),
+        "most kept first, 12 D tiles per chunk": (a, {**kw, "group_d": 12}, False),
         "step, split-K 2": (a, {**kw, "split": 2}, False),
         "random values": (rand, kw, False),
         "random ids": ((comp, ids_rand, *a[2:]), {**kw, "csr": csr_rand, "order": chunk_order(csr_rand[0])}, False),

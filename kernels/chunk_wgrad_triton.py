@@ -133,12 +133,43 @@ def _csr(ids: torch.Tensor, c: int, h: int, ordered: bool):
 
 
 @triton.jit
+def _tail_plan(offsets_ptr, NCH, ND, P, NCP: tl.constexpr, MOST: tl.constexpr):
+    """The TAIL schedule of B2/B4 from the csr offsets (every program computes the same numbers):
+    (nb, whole, tail, pieces). nb chunks are kept by some block; with the chunks most-kept first
+    their nb x ND output tiles are the busy ones, numbered in the grouped order. The first ``whole``
+    run one program each; the last ``tail`` (busy mod P, the part of a last wave that would leave
+    SMs idle) run ``pieces`` programs each, min(P // tail, MOST), each summing a contiguous share of
+    the tile's K steps into float32 partials (tail_sum adds them in a fixed order). pieces < 2: no
+    tail (tail 0, pieces 1)."""
+    j = tl.arange(0, NCP)
+    lo = tl.load(offsets_ptr + j, mask=j < NCH, other=0)
+    hi = tl.load(offsets_ptr + j + 1, mask=j < NCH, other=0)
+    nb = tl.sum((hi > lo).to(tl.int32))
+    busy = nb * ND
+    rest = busy % P
+    pieces = tl.minimum(P // tl.maximum(rest, 1), MOST)
+    split = (rest > 0) & (pieces > 1)
+    tail = tl.where(split, rest, 0)
+    return nb, busy - tail, tail, tl.where(split, pieces, 1)
+
+
+@triton.jit
+def _tile_dst(chunk, dd, D, H, C: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """Offsets in out of a [BLOCK_D, C] tile (d rows dd, the chunk's C units): out [D, H] with
+    TRANSPOSE, else [H, D]."""
+    units = chunk * C + tl.arange(0, C)
+    if TRANSPOSE:
+        return dd[:, None].to(tl.int64) * H + units[None, :]
+    return units[None, :].to(tl.int64) * D + dd[:, None]
+
+
+@triton.jit
 def _chunk_wgrad_kernel(
-    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr, D, H, V, stride_a, stride_b,
-    C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
+    a_ptr, b_ptr, out_ptr, offsets_ptr, blocks_ptr, cols_ptr, order_ptr, ws_ptr, D, H, V, stride_a, stride_b,
+    P, C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr, GROUP_D: tl.constexpr,
-    ORDERED: tl.constexpr,
+    ORDERED: tl.constexpr, TAIL: tl.constexpr, NCP: tl.constexpr, MOST: tl.constexpr,
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
     out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
@@ -147,20 +178,53 @@ def _chunk_wgrad_kernel(
     two bulk copies at (row, column) coordinates, no [BLOCK_K, BLOCK_D] pointer tile in registers.
     Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2), chunks in
     ``order_ptr``'s order with ORDERED (most kept blocks first: the longest programs start first),
-    else in chunk-id order, then the next GROUP_D D tiles."""
-    d_tile, rank = _tile(tl.program_id(0), D, H, BLOCK_D, C, GROUP_D)
-    chunk = tl.load(order_ptr + rank) if ORDERED else rank
+    else in chunk-id order, then the next GROUP_D D tiles.
+    TAIL (ORDERED, not UNITS_M, SPLIT 1): the busy tiles in that order (_tail_plan), the ``whole``
+    ones one program each, then the tail's pieces, each writing its float32 partial to ws_ptr
+    [P, BLOCK_D * C] at its piece number; then the tiles of chunks no block kept, which store zeros;
+    programs past those do nothing (the grid is H/C x D/BLOCK_D + P, enough for any selection)."""
+    pid = tl.program_id(0)
+    n_iter_cap = 2**30
+    part = 0
+    parts = 1
+    piece = 0
+    in_tail = False
+    if TAIL:
+        nb, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
+        busy_end = whole + tail * pieces
+        in_tail = (pid >= whole) & (pid < busy_end)
+        piece = tl.maximum(pid - whole, 0)
+        tile = tl.where(in_tail, whole + piece // pieces, pid)
+        part = tl.where(in_tail, piece % pieces, 0)
+        parts = tl.where(in_tail, pieces, 1)
+        d_tile, rank = _tile(tl.minimum(tile, nb * tl.cdiv(D, BLOCK_D) - 1), D, nb * C, BLOCK_D, C, GROUP_D)
+        zero = pid - busy_end  # >= 0: the zero-th, first, ... tile of the chunks no block kept
+        nd = tl.cdiv(D, BLOCK_D)
+        d_tile = tl.where(zero >= 0, zero % nd, d_tile)
+        rank = tl.where(zero >= 0, nb + zero // nd, rank)
+        n_iter_cap = tl.where(zero >= 0, 0, n_iter_cap)
+        live = rank < H // C
+        chunk = tl.load(order_ptr + rank, mask=live, other=0)
+        d_end = tl.where(live, D, 0)  # past the last chunk's tiles: nothing stored
+    else:
+        d_tile, rank = _tile(pid, D, H, BLOCK_D, C, GROUP_D)
+        chunk = tl.load(order_ptr + rank) if ORDERED else rank
+        d_end = D
     dd = d_tile * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = dd < D
+    d_ok = dd < d_end
     oc = tl.arange(0, C)
     ok = tl.arange(0, BLOCK_K)
     start = tl.load(offsets_ptr + chunk)
     ksteps = V // BLOCK_K
-    n_iter = (tl.load(offsets_ptr + chunk + 1) - start) * ksteps
+    n_iter = tl.minimum((tl.load(offsets_ptr + chunk + 1) - start) * ksteps, n_iter_cap)
     i0 = 0
     if SPLIT > 1:  # this program's share of the K steps: [i0, n_iter)
         share = tl.cdiv(n_iter, SPLIT)
         i0 = tl.program_id(2) * share
+        n_iter = tl.minimum(n_iter, i0 + share)
+    if TAIL:  # a tail piece's share (parts 1 elsewhere: all of the tile's steps)
+        share = tl.cdiv(n_iter, parts)
+        i0 = part * share
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((C, BLOCK_D) if UNITS_M else (BLOCK_D, C), dtype=tl.float32)
     # A feeds the dot only: a tl.sum of A's tile here (db1) makes Triton 3.6 keep one shared buffer of
@@ -193,22 +257,51 @@ def _chunk_wgrad_kernel(
             acc = tl.dot(lhs, rhs, acc, input_precision="ieee")
         else:
             acc = tl.dot(lhs, rhs, acc)
-    units = chunk * C + oc
     if UNITS_M:  # acc [C, BLOCK_D]
+        units = chunk * C + oc
         if TRANSPOSE:  # out [D, H]
             dst = dd[None, :].to(tl.int64) * H + units[:, None]
         else:  # out [H, D]
             dst = units[:, None].to(tl.int64) * D + dd[None, :]
         d_mask = d_ok[None, :]
     else:  # acc [BLOCK_D, C]
-        if TRANSPOSE:
-            dst = dd[:, None].to(tl.int64) * H + units[None, :]
-        else:
-            dst = units[None, :].to(tl.int64) * D + dd[:, None]
+        dst = _tile_dst(chunk, dd, D, H, C, TRANSPOSE)
         d_mask = d_ok[:, None]
     if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H]
         dst += tl.program_id(2).to(tl.int64) * D * H
-    tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
+    if TAIL:
+        if in_tail:  # the piece's float32 partial, [BLOCK_D, C] row-major at its piece number
+            rows = tl.arange(0, BLOCK_D)
+            tl.store(ws_ptr + piece.to(tl.int64) * (BLOCK_D * C) + rows[:, None] * C + oc[None, :], acc)
+        else:
+            tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
+    else:
+        tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _tail_sum_kernel(
+    ws_ptr, out_ptr, offsets_ptr, order_ptr, D, H, P,
+    C: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, TRANSPOSE: tl.constexpr, GROUP_D: tl.constexpr,
+    NCP: tl.constexpr, MOST: tl.constexpr,
+):  # fmt: skip
+    """Program (q, r): rows [r ROWS, (r+1) ROWS) of tail tile q of _chunk_wgrad_kernel's TAIL
+    schedule (nothing where q >= tail): the sum of its pieces' float32 partials, piece 0 first,
+    rounded once to out's dtype."""
+    q = tl.program_id(0)
+    nb, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
+    if q < tail:
+        d_tile, rank = _tile(whole + q, D, nb * C, BLOCK_D, C, GROUP_D)
+        chunk = tl.load(order_ptr + rank)
+        rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+        oc = tl.arange(0, C)
+        acc = tl.zeros((ROWS, C), dtype=tl.float32)
+        for s in range(0, pieces):
+            src = ws_ptr + ((q * pieces + s).to(tl.int64) * (BLOCK_D * C)) + rows[:, None] * C + oc[None, :]
+            acc += tl.load(src)
+        dd = d_tile * BLOCK_D + rows
+        dst = _tile_dst(chunk, dd, D, H, C, TRANSPOSE)
+        tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=(dd < D)[:, None])
 
 
 @triton.jit
@@ -325,6 +418,8 @@ def chunk_wgrad(
     split: int | None = None,
     units_m: bool = False,
     tma: bool | None = None,
+    tail: bool | None = None,
+    programs: int | None = None,
 ) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
@@ -340,7 +435,12 @@ def chunk_wgrad(
     shared memory; and B2's sm90 build loads its squared A tile with scalar 16-bit loads.
     ``tma``: load a and b through TMA descriptors (None: for c >= 128 on sm90+ where both are 16-byte
     aligned; c = 64 measured no faster through TMA). None for block_d, num_warps, num_stages: the
-    measured defaults per c."""
+    measured defaults per c.
+    ``tail``: the TAIL schedule (_tail_plan): the tiles of a last, partly filled wave split over
+    the SMs it would leave idle, their float32 partials summed by one more launch (None: on for the
+    c >= 128 tile where ``split`` is None; not with ``units_m`` or ``split``). It takes ``order``
+    as ranking every chunk some block keeps before every chunk none keeps, as chunk_order does.
+    ``programs``: the SM count the schedule fills (None: the device's; 4 off CUDA)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -369,8 +469,13 @@ def chunk_wgrad(
         raise ValueError(f"chunk_wgrad: block_k={block_k} must divide V={v}")
     i64 = max(a.shape[0] * a.stride(0), b.shape[0] * b.stride(0)) >= 2**31
     tiles = (h // c) * triton.cdiv(d, block_d)
+    tail = wide and split is None if tail is None else tail
+    if tail and (split not in (None, 1) or units_m):
+        raise ValueError(
+            f"chunk_wgrad: tail=True with split={split}, units_m={units_m}; it runs with split None or 1, not units_m"
+        )
     # the wide tile runs one program per SM (shared memory): split only under two waves of it
-    split = split_for(tiles, a.device, per_sm=2 if wide else 4) if split is None else split
+    split = 1 if tail else split_for(tiles, a.device, per_sm=2 if wide else 4) if split is None else split
     if split < 1:
         raise ValueError(f"chunk_wgrad: split={split}; expected an int >= 1")
     dst = out if split == 1 else torch.empty((split, out.numel()), device=a.device, dtype=torch.float32)
@@ -386,21 +491,48 @@ def chunk_wgrad(
     # Z against 0.637-0.640 in chunk-id order with D tiles outer (each chunk's A slab re-read once
     # per D tile from DRAM) and 0.572 with all 12 D tiles inner; with skewed popularity (--skew 1)
     # 0.597-0.601 against 0.583-0.592 and 0.604-0.606. Other tiles keep chunk-id order, D tiles outer
-    order = default_order(offsets, c, units_m) if order is None else order
+    if order is None:
+        order = chunk_order(offsets) if tail else default_order(offsets, c, units_m)
     group_d = group_d or (4 if wide else 1)
     order_arg = offsets if order is None else order  # any int32 pointer: the kernel reads it only when ORDERED
-    _WGRAD[(tiles, 1, split)](
-        a_src, b_src, dst, offsets, blocks, cols, order_arg, d, h, v, a.stride(0), b.stride(0),
+    # TAIL: up to (H100, 2.7B's B2 / B4 with every block keeping the same 24 of 96 chunks) 288 busy
+    # tiles of 128 blocks each on 132 SMs ran 3 waves, the last 18% full; split 5 ways, the last 24
+    # tiles fill 120 SMs for a fifth of a wave (P x BLOCK_D x c x 4 bytes of partials, 17 MB)
+    p = programs if programs is not None else sm_count(a.device.index) if cuda else 4
+    if p < 1:
+        raise ValueError(f"chunk_wgrad: programs={programs}; expected an int >= 1")
+    ws = torch.empty((p, block_d * c), device=a.device, dtype=torch.float32) if tail else dst
+    ncp = triton.next_power_of_2(h // c)
+    _WGRAD[(tiles + p if tail else tiles, 1, split)](
+        a_src, b_src, dst, offsets, blocks, cols, order_arg, ws, d, h, v, a.stride(0), b.stride(0), p,
         C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
         I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
-        ORDERED=order is not None,
+        ORDERED=order is not None, TAIL=tail, NCP=ncp, MOST=_MOST_PIECES,
         num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
+    if tail:  # the tail tiles' partials summed piece by piece, rounded once (nothing where no tail)
+        rows = min(32, block_d)
+        _TAIL_SUM[(p, block_d // rows)](
+            ws, out, offsets, order, d, h, p, C=c, BLOCK_D=block_d, ROWS=rows, TRANSPOSE=transpose,
+            GROUP_D=group_d, NCP=ncp, MOST=_MOST_PIECES, num_warps=4,
+        )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch
         grid = (triton.cdiv(out.numel(), 2048),)
         _SUM_PARTIALS[grid](dst, out, out.numel(), SPLIT=split, BLOCK=2048, num_warps=4)
     return out
+
+
+def tail_plan(counts: list[int], nd: int, programs: int) -> tuple[int, int, int, int]:
+    """The TAIL schedule's (nb, whole, tail, pieces) for chunks kept by ``counts`` blocks, ``nd``
+    D tiles and ``programs`` SMs: _tail_plan's numbers on the host (tests, benchmarks)."""
+    nb = sum(1 for k in counts if k > 0)
+    busy = nb * nd
+    rest = busy % programs
+    pieces = min(programs // max(rest, 1), _MOST_PIECES)
+    if rest == 0 or pieces < 2:
+        return nb, busy, 0, 1
+    return nb, busy - rest, rest, pieces
 
 
 @triton.jit
@@ -415,7 +547,9 @@ def _sum_partials_kernel(part_ptr, out_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.co
 
 
 _WGRAD = FastLaunch(_chunk_wgrad_kernel)
+_TAIL_SUM = FastLaunch(_tail_sum_kernel)
 _SUM_PARTIALS = FastLaunch(_sum_partials_kernel)
+_MOST_PIECES = 8  # programs per tail tile at most: a tile of 128 blocks x 2 K steps in pieces of >= 32 steps
 
 
 def split_for(tiles: int, device: torch.device, per_sm: int = 4, most: int = 8) -> int:

@@ -265,6 +265,73 @@ def test_weight_grad_kernel_split_k_matches_reference(interpreter, split, units_
         chunk_wgrad(r_c, ids, b, v, c, h, split=0)
 
 
+def _kept_selection(static: bool, t: int, h: int, v: int, m: int, c: int, dtype=torch.float16):
+    """(r_c, ids) of a chunked selection: ``static``, every block keeps the same 4 chunks of the first
+    two groups of M (as a training step from initialization keeps the same chunks everywhere) and
+    random ones of the others; else chunks kept at random."""
+    z = torch.randn(t, h)
+    if static:
+        z[:, : 4 * c] += 5.0
+        z[:, 8 * c : 12 * c] += 5.0
+    _, r_c, ids = vnm_compact_ref(z.to(dtype), None, v, 2, m, c)
+    return r_c, ids
+
+
+@pytest.mark.parametrize("static,programs", [(True, 5), (True, 7), (True, 16), (False, 5), (False, 13)])
+def test_weight_grad_tail_schedule_matches_reference(interpreter, static, programs):
+    """The TAIL schedule: the busy tiles past the last full wave of ``programs`` SMs split into
+    pieces (float32 partials, summed in a fixed order), the tiles of chunks no block keeps zeroed;
+    the product equals the reference and the one-program-per-tile grid to rounding, and every unit
+    of an unkept chunk is exactly 0 in memory that held NaN."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_ref, tail_plan
+
+    torch.manual_seed(programs)
+    t, h, d, v, m, c = 128, 512, 80, 16, 8, 16
+    r_c, ids = _kept_selection(static, t, h, v, m, c)
+    b = torch.randn(t, d, dtype=torch.float16)
+    counts = chunk_csr(ids, c, h)[0].diff()
+    nb, whole, tail, pieces = tail_plan(counts.tolist(), 3, programs)  # BLOCK_D 32 on the CPU: 3 D tiles
+    assert tail > 0 and pieces > 1  # each case has a split tail
+    assert (counts == 0).any() == static
+    for square, transpose in ((True, True), (False, False)):
+        want = chunk_wgrad_ref(r_c, ids, b, v, h, square=square).float()
+        torch.full((h * d * 4,), float("nan"), dtype=torch.float16)  # freed: the output may reuse it
+        got = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, tail=True, programs=programs)
+        got = got.t().float() if transpose else got.float()
+        assert torch.isfinite(got).all()
+        assert (got - want).norm() / want.norm() < 2e-3
+        grid = chunk_wgrad(r_c, ids, b, v, c, h, square=square, transpose=transpose, tail=False)
+        grid = grid.t().float() if transpose else grid.float()
+        assert (got - grid).abs().max() <= 2e-3 * want.abs().max()
+        unkept = (counts == 0).repeat_interleave(c)
+        assert torch.equal(got[unkept], torch.zeros_like(got[unkept]))
+
+
+def test_tail_plan_splits_only_a_partly_filled_last_wave():
+    """The schedule's numbers on 132 SMs: 2.7B's B2 / B4 with every block keeping the same 24 of 96
+    chunks (12 D tiles): 264 tiles in two full waves, the last 24 in 5 pieces each; with every chunk
+    kept, or 1.3B's 16 of 64 chunks (8 D tiles: 128 tiles, one wave), or a full last wave: no split;
+    350M's 8 of 32 (4 D tiles): all 32 tiles in 4 pieces; never more than 8 pieces."""
+    from sparse_compile.kernels.chunk_wgrad_triton import tail_plan
+
+    assert tail_plan([128] * 24 + [0] * 72, 12, 132) == (24, 264, 24, 5)
+    assert tail_plan([32] * 96, 12, 132) == (96, 1152, 0, 1)
+    assert tail_plan([128] * 16 + [0] * 48, 8, 132) == (16, 128, 0, 1)
+    assert tail_plan([128] * 33 + [0] * 63, 12, 132) == (33, 396, 0, 1)
+    assert tail_plan([128] * 8 + [0] * 24, 4, 132) == (8, 0, 32, 4)
+    assert tail_plan([128] + [0] * 31, 4, 132) == (1, 0, 4, 8)
+
+
+def test_weight_grad_tail_refuses_what_it_does_not_run(interpreter):
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad
+
+    r_c, ids = _kept_selection(False, 64, 256, 16, 8, 16)
+    b = torch.randn(64, 32, dtype=torch.float16)
+    for kw, what in (({"split": 2}, "split=2"), ({"units_m": True}, "units_m=True"), ({"programs": 0}, "programs=0")):
+        with pytest.raises(ValueError, match=what):
+            chunk_wgrad(r_c, ids, b, 16, 16, 256, tail=True, **kw)
+
+
 def test_split_is_the_smallest_power_of_two_with_four_programs_per_sm(monkeypatch):
     import sparse_compile.kernels.chunk_wgrad_triton as cw
 

@@ -188,7 +188,9 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     wgrad += [(128, False, 1, False, 256, 8, True), (128, True, 1, False, 256, 8, True)]
     wgrad += [(128, False, 1, False, 128, 4, True)]
     wgrad += [(64, False, 1, True, 256, 4, True), (128, False, 1, True, 256, 8, True)]  # B2 units x d: no TMA
-    for c, square, split, units_m, block_d, warps, tma in wgrad:
+    wgrad = [(*case, False) for case in wgrad]
+    wgrad += [(128, False, 1, False, 256, 8, True, True), (128, True, 1, False, 256, 8, True, True)]  # the default
+    for c, square, split, units_m, block_d, warps, tma, tail in wgrad:
         ce = {
             "C": c,
             "BLOCK_D": block_d,
@@ -203,22 +205,30 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "USE_TMA": tma,
             "GROUP_D": 12,
             "ORDERED": c >= 128,
+            "TAIL": tail,
+            "NCP": 128,
+            "MOST": 8,
         }
-        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr order_ptr D H V stride_a stride_b "
-        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D ORDERED"
+        names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr order_ptr ws_ptr D H V stride_a stride_b P "
+        names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D ORDERED "
+        names += "TAIL NCP MOST"
         types = (
             {"a_ptr": f"tensordesc<bf16[64,{c}]>", "b_ptr": f"tensordesc<bf16[64,{block_d}]>"}
             if tma
             else {"a_ptr": "*bf16", "b_ptr": "*bf16"}
         )
         types["out_ptr"] = "*bf16" if split == 1 else "*fp32"
-        types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")}
-        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "")
+        types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")} | {"ws_ptr": "*fp32"}
+        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "") + (" tail" if tail else "")
         label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
         stages = 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
         label += f" s{stages}"
         launch = {"num_warps": warps, "num_stages": stages}
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce, launch))
+    ce = {"C": 128, "BLOCK_D": 256, "ROWS": 32, "TRANSPOSE": True, "GROUP_D": 4, "NCP": 128, "MOST": 8}
+    types = {"ws_ptr": "*fp32", "out_ptr": "*bf16", "offsets_ptr": "*i32", "order_ptr": "*i32"}
+    names = "ws_ptr out_ptr offsets_ptr order_ptr D H P C BLOCK_D ROWS TRANSPOSE GROUP_D NCP MOST"
+    cases.append(("chunk wgrad tail sum", chunk_wgrad._tail_sum_kernel, _sig(names, ce, types), ce))
     ce = {"C": 64, "ENT": 32}
     types = {"part_ptr": "*fp32", "db_ptr": "*bf16"} | {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr")}
     names = "part_ptr db_ptr offsets_ptr blocks_ptr cols_ptr KC R C ENT"

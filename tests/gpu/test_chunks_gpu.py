@@ -61,6 +61,44 @@ def test_chunk_wgrad_matches_the_dense_product(c, tma, units_m, square, transpos
     assert _rel(got.t() if transpose else got, want) < 1e-2
 
 
+@pytest.mark.parametrize("kept", [24, 48, 96], ids=["24-static", "48-two-halves", "random"])
+@pytest.mark.parametrize("square,transpose", [(True, True), (False, False)], ids=["B2", "B4"])
+def test_chunk_wgrad_tail_schedule_at_the_2_7b_shape(kept, square, transpose):
+    """(T, d, h) = (16384, 3072, 12288), 128:4:16 in chunks of 128 (6 groups of 16 chunks): every
+    block keeping the same 4 chunks of each group (24 chunks: 2 waves + 24 tiles in 5 pieces on 132
+    SMs), the first half of the blocks 4 and the second half 4 others (48: 4 waves + 48 tiles in 2
+    pieces), or random chunks (no split); the TAIL schedule (the default) gives the dense product and
+    the one-program-per-tile grid's to rounding, and exact zeros for the chunks no block keeps."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_ref, tail_plan
+    from sparse_compile.kernels.gather_gemm_triton import sm_count
+
+    t, d, h, c = 16384, 3072, 12288, 128
+    g = torch.Generator(device="cuda").manual_seed(kept)
+    z = torch.randn(t, h, device="cuda", generator=g).view(t, h // (16 * c), 16, c)
+    if kept < 96:  # chunks 0-3 of every group far above the rest; with 48, chunks 4-7 in the second half
+        z[:, :, :4] += 8.0
+        if kept == 48:
+            z[t // 2 :, :, :4] -= 8.0
+            z[t // 2 :, :, 4:8] += 8.0
+    _, r_c, ids = vnm_compact_ref(z.reshape(t, h).bfloat16(), None, 128, 4, 16, c)
+    del z
+    b = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    counts = chunk_csr(ids, c, h)[0].diff()
+    plan = tail_plan(counts.tolist(), d // 256, sm_count(None))
+    print(f"kept {kept}: {int((counts > 0).sum())} chunks kept by some block; (nb, whole, tail, pieces) {plan}")
+    _poison()
+    got = chunk_wgrad(r_c, ids, b, 128, c, h, square=square, transpose=transpose)
+    _poison()
+    grid = chunk_wgrad(r_c, ids, b, 128, c, h, square=square, transpose=transpose, tail=False)
+    want = chunk_wgrad_ref(r_c, ids, b, 128, h, square=square)
+    got, grid = (got.t(), grid.t()) if transpose else (got, grid)
+    assert torch.isfinite(got).all()
+    assert _rel(got, want) < 1e-2
+    assert _rel(got, grid) < 5e-3
+    unkept = (counts == 0).repeat_interleave(c)
+    assert torch.equal(got[unkept], torch.zeros_like(got[unkept]))
+
+
 @pytest.mark.parametrize("c", [16, 32, 64, 128])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_gathers_read_w2_in_place(c, persistent):
