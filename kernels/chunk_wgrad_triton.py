@@ -135,22 +135,25 @@ def _csr(ids: torch.Tensor, c: int, h: int, ordered: bool):
 @triton.jit
 def _tail_plan(offsets_ptr, NCH, ND, P, NCP: tl.constexpr, MOST: tl.constexpr):
     """The TAIL schedule of B2/B4 from the csr offsets (every program computes the same numbers):
-    (nb, whole, tail, pieces). nb chunks are kept by some block; with the chunks most-kept first
-    their nb x ND output tiles are the busy ones, numbered in the grouped order. The first ``whole``
-    run one program each; the last ``tail`` (busy mod P, the part of a last wave that would leave
-    SMs idle) run ``pieces`` programs each, min(P // tail, MOST), each summing a contiguous share of
-    the tile's K steps into float32 partials (tail_sum adds them in a fixed order). pieces < 2: no
-    tail (tail 0, pieces 1)."""
+    (nh, whole, tail, pieces). The heavy chunks are those kept by at least half as many blocks as
+    the most-kept one; with the chunks most-kept first they are the first nh, and their nh x ND
+    output tiles are numbered in the grouped order. The first ``whole`` run one program each; the
+    last ``tail`` (heavy tiles mod P: the part of a last wave of long programs that would leave SMs
+    idle) run ``pieces`` programs each, min(P // tail, MOST), each summing a contiguous share of the
+    tile's K steps into float32 partials (tail_sum adds them in a fixed order). pieces < 2: no tail
+    (tail 0, pieces 1). The other chunks' tiles run one program each after these."""
     j = tl.arange(0, NCP)
     lo = tl.load(offsets_ptr + j, mask=j < NCH, other=0)
     hi = tl.load(offsets_ptr + j + 1, mask=j < NCH, other=0)
-    nb = tl.sum((hi > lo).to(tl.int32))
-    busy = nb * ND
-    rest = busy % P
+    kept = hi - lo
+    most = tl.max(kept)
+    nh = tl.sum(((2 * kept >= most) & (kept > 0)).to(tl.int32))
+    heavy = nh * ND
+    rest = heavy % P
     pieces = tl.minimum(P // tl.maximum(rest, 1), MOST)
     split = (rest > 0) & (pieces > 1)
     tail = tl.where(split, rest, 0)
-    return nb, busy - tail, tail, tl.where(split, pieces, 1)
+    return nh, heavy - tail, tail, tl.where(split, pieces, 1)
 
 
 @triton.jit
@@ -179,44 +182,45 @@ def _chunk_wgrad_kernel(
     Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2), chunks in
     ``order_ptr``'s order with ORDERED (most kept blocks first: the longest programs start first),
     else in chunk-id order, then the next GROUP_D D tiles.
-    TAIL (ORDERED, not UNITS_M, SPLIT 1): the busy tiles in that order (_tail_plan), the ``whole``
+    TAIL (ORDERED, not UNITS_M, SPLIT 1): the heavy tiles in that order (_tail_plan), the ``whole``
     ones one program each, then the tail's pieces, each writing its float32 partial to ws_ptr
-    [P, BLOCK_D * C] at its piece number; then the tiles of chunks no block kept, which store zeros;
-    programs past those do nothing (the grid is H/C x D/BLOCK_D + P, enough for any selection)."""
+    [P, BLOCK_D * C] at its piece number; then the other chunks' tiles, rank by rank (those no block
+    kept store zeros); programs past those do nothing (the grid is H/C x D/BLOCK_D + P, enough for
+    any selection)."""
     pid = tl.program_id(0)
-    n_iter_cap = 2**30
     part = 0
     parts = 1
     piece = 0
     in_tail = False
     if TAIL:
-        nb, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
-        busy_end = whole + tail * pieces
-        in_tail = (pid >= whole) & (pid < busy_end)
+        nh, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
+        nd = tl.cdiv(D, BLOCK_D)
+        heavy_end = whole + tail * pieces
+        in_tail = (pid >= whole) & (pid < heavy_end)
         piece = tl.maximum(pid - whole, 0)
         tile = tl.where(in_tail, whole + piece // pieces, pid)
         part = tl.where(in_tail, piece % pieces, 0)
         parts = tl.where(in_tail, pieces, 1)
-        d_tile, rank = _tile(tl.minimum(tile, nb * tl.cdiv(D, BLOCK_D) - 1), D, nb * C, BLOCK_D, C, GROUP_D)
-        zero = pid - busy_end  # >= 0: the zero-th, first, ... tile of the chunks no block kept
-        nd = tl.cdiv(D, BLOCK_D)
-        d_tile = tl.where(zero >= 0, zero % nd, d_tile)
-        rank = tl.where(zero >= 0, nb + zero // nd, rank)
-        n_iter_cap = tl.where(zero >= 0, 0, n_iter_cap)
+        d_tile, rank = _tile(tl.minimum(tile, nh * nd - 1), D, nh * C, BLOCK_D, C, GROUP_D)
+        light = pid - heavy_end  # >= 0: the light-th tile after the heavy ones, rank by rank
+        d_tile = tl.where(light >= 0, light % nd, d_tile)
+        rank = tl.where(light >= 0, nh + light // nd, rank)
         live = rank < H // C
         chunk = tl.load(order_ptr + rank, mask=live, other=0)
         d_end = tl.where(live, D, 0)  # past the last chunk's tiles: nothing stored
+        n_cap = tl.where(live, 2**30, 0)
     else:
         d_tile, rank = _tile(pid, D, H, BLOCK_D, C, GROUP_D)
         chunk = tl.load(order_ptr + rank) if ORDERED else rank
         d_end = D
+        n_cap = 2**30
     dd = d_tile * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < d_end
     oc = tl.arange(0, C)
     ok = tl.arange(0, BLOCK_K)
     start = tl.load(offsets_ptr + chunk)
     ksteps = V // BLOCK_K
-    n_iter = tl.minimum((tl.load(offsets_ptr + chunk + 1) - start) * ksteps, n_iter_cap)
+    n_iter = tl.minimum((tl.load(offsets_ptr + chunk + 1) - start) * ksteps, n_cap)
     i0 = 0
     if SPLIT > 1:  # this program's share of the K steps: [i0, n_iter)
         share = tl.cdiv(n_iter, SPLIT)
@@ -289,9 +293,9 @@ def _tail_sum_kernel(
     schedule (nothing where q >= tail): the sum of its pieces' float32 partials, piece 0 first,
     rounded once to out's dtype."""
     q = tl.program_id(0)
-    nb, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
+    nh, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
     if q < tail:
-        d_tile, rank = _tile(whole + q, D, nb * C, BLOCK_D, C, GROUP_D)
+        d_tile, rank = _tile(whole + q, D, nh * C, BLOCK_D, C, GROUP_D)
         chunk = tl.load(order_ptr + rank)
         rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
         oc = tl.arange(0, C)
@@ -436,7 +440,7 @@ def chunk_wgrad(
     ``tma``: load a and b through TMA descriptors (None: for c >= 128 on sm90+ where both are 16-byte
     aligned; c = 64 measured no faster through TMA). None for block_d, num_warps, num_stages: the
     measured defaults per c.
-    ``tail``: the TAIL schedule (_tail_plan): the tiles of a last, partly filled wave split over
+    ``tail``: the TAIL schedule (_tail_plan): the heavy tiles of a last, partly filled wave split over
     the SMs it would leave idle, their float32 partials summed by one more launch (None: on for the
     c >= 128 tile where ``split`` is None; not with ``units_m`` or ``split``). It takes ``order``
     as ranking every chunk some block keeps before every chunk none keeps, as chunk_order does.
@@ -524,15 +528,16 @@ def chunk_wgrad(
 
 
 def tail_plan(counts: list[int], nd: int, programs: int) -> tuple[int, int, int, int]:
-    """The TAIL schedule's (nb, whole, tail, pieces) for chunks kept by ``counts`` blocks, ``nd``
+    """The TAIL schedule's (nh, whole, tail, pieces) for chunks kept by ``counts`` blocks, ``nd``
     D tiles and ``programs`` SMs: _tail_plan's numbers on the host (tests, benchmarks)."""
-    nb = sum(1 for k in counts if k > 0)
-    busy = nb * nd
-    rest = busy % programs
+    most = max(counts)
+    nh = sum(1 for k in counts if k > 0 and 2 * k >= most)
+    heavy = nh * nd
+    rest = heavy % programs
     pieces = min(programs // max(rest, 1), _MOST_PIECES)
     if rest == 0 or pieces < 2:
-        return nb, busy, 0, 1
-    return nb, busy - rest, rest, pieces
+        return nh, heavy, 0, 1
+    return nh, heavy - rest, rest, pieces
 
 
 @triton.jit

@@ -277,10 +277,11 @@ def _kept_selection(static: bool, t: int, h: int, v: int, m: int, c: int, dtype=
     return r_c, ids
 
 
-@pytest.mark.parametrize("static,programs", [(True, 5), (True, 7), (True, 16), (False, 5), (False, 13)])
+@pytest.mark.parametrize("static,programs", [(True, 4), (True, 9), (True, 13), (False, 5), (False, 12), (False, 17)])
 def test_weight_grad_tail_schedule_matches_reference(interpreter, static, programs):
-    """The TAIL schedule: the busy tiles past the last full wave of ``programs`` SMs split into
-    pieces (float32 partials, summed in a fixed order), the tiles of chunks no block keeps zeroed;
+    """The TAIL schedule: the heavy tiles past the last full wave of ``programs`` SMs split into
+    1-8 pieces (float32 partials, summed in a fixed order), then the light chunks' tiles (kept by
+    under half the blocks of the most-kept one), the tiles of chunks no block keeps zeroed;
     the product equals the reference and the one-program-per-tile grid to rounding, and every unit
     of an unkept chunk is exactly 0 in memory that held NaN."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_ref, tail_plan
@@ -290,8 +291,8 @@ def test_weight_grad_tail_schedule_matches_reference(interpreter, static, progra
     r_c, ids = _kept_selection(static, t, h, v, m, c)
     b = torch.randn(t, d, dtype=torch.float16)
     counts = chunk_csr(ids, c, h)[0].diff()
-    nb, whole, tail, pieces = tail_plan(counts.tolist(), 3, programs)  # BLOCK_D 32 on the CPU: 3 D tiles
-    assert tail > 0 and pieces > 1  # each case has a split tail
+    nh, whole, tail, pieces = tail_plan(counts.tolist(), 3, programs)  # BLOCK_D 32 on the CPU: 3 D tiles
+    assert tail > 0 and pieces > 1 and nh < int((counts > 0).sum())  # a split tail, and light chunks
     assert (counts == 0).any() == static
     for square, transpose in ((True, True), (False, False)):
         want = chunk_wgrad_ref(r_c, ids, b, v, h, square=square).float()
@@ -309,12 +310,15 @@ def test_weight_grad_tail_schedule_matches_reference(interpreter, static, progra
 
 def test_tail_plan_splits_only_a_partly_filled_last_wave():
     """The schedule's numbers on 132 SMs: 2.7B's B2 / B4 with every block keeping the same 24 of 96
-    chunks (12 D tiles): 264 tiles in two full waves, the last 24 in 5 pieces each; with every chunk
-    kept, or 1.3B's 16 of 64 chunks (8 D tiles: 128 tiles, one wave), or a full last wave: no split;
-    350M's 8 of 32 (4 D tiles): all 32 tiles in 4 pieces; never more than 8 pieces."""
+    chunks (12 D tiles): 264 tiles in two full waves, the last 24 in 5 pieces each, the same with
+    light chunks besides (a step's: 40 kept by 2 blocks); with every chunk kept about as often, or
+    1.3B's 16 of 64 chunks (8 D tiles: 128 tiles, one wave), or a full last wave: no split; 350M's
+    8 of 32 (4 D tiles): all 32 tiles in 4 pieces; never more than 8 pieces."""
     from sparse_compile.kernels.chunk_wgrad_triton import tail_plan
 
     assert tail_plan([128] * 24 + [0] * 72, 12, 132) == (24, 264, 24, 5)
+    assert tail_plan([128] * 20 + [70] * 4 + [2] * 40 + [0] * 32, 12, 132) == (24, 264, 24, 5)
+    assert tail_plan([46, 23] + [32] * 94, 12, 132) == (96, 1152, 0, 1)
     assert tail_plan([32] * 96, 12, 132) == (96, 1152, 0, 1)
     assert tail_plan([128] * 16 + [0] * 48, 8, 132) == (16, 128, 0, 1)
     assert tail_plan([128] * 33 + [0] * 63, 12, 132) == (33, 396, 0, 1)
