@@ -141,7 +141,8 @@ def _tail_plan(offsets_ptr, NCH, ND, P, NCP: tl.constexpr, MOST: tl.constexpr):
     last ``tail`` (heavy tiles mod P: the part of a last wave of long programs that would leave SMs
     idle) run ``pieces`` programs each, min(P // tail, MOST), each summing a contiguous share of the
     tile's K steps into float32 partials (tail_sum adds them in a fixed order). pieces < 2: no tail
-    (tail 0, pieces 1). The other chunks' tiles run one program each after these."""
+    (tail 0, pieces 1). Every other tile keeps its program of the one-program-per-tile grid, in
+    that grid's order (light and unkept chunks' tiles between the heavy ones, as before)."""
     j = tl.arange(0, NCP)
     lo = tl.load(offsets_ptr + j, mask=j < NCH, other=0)
     hi = tl.load(offsets_ptr + j + 1, mask=j < NCH, other=0)
@@ -182,38 +183,30 @@ def _chunk_wgrad_kernel(
     Program order: GROUP_D consecutive D tiles per chunk (they share its A slab in L2), chunks in
     ``order_ptr``'s order with ORDERED (most kept blocks first: the longest programs start first),
     else in chunk-id order, then the next GROUP_D D tiles.
-    TAIL (ORDERED, not UNITS_M, SPLIT 1): the heavy tiles in that order (_tail_plan), the ``whole``
-    ones one program each, then the tail's pieces, each writing its float32 partial to ws_ptr
-    [P, BLOCK_D * C] at its piece number; then the other chunks' tiles, rank by rank (those no block
-    kept store zeros); programs past those do nothing (the grid is H/C x D/BLOCK_D + P, enough for
-    any selection)."""
+    TAIL (ORDERED, not UNITS_M, SPLIT 1; _tail_plan): 1, this grid less the tail's heavy tiles,
+    whose programs return at once; 2, the tail's pieces (a grid of P programs, those past tail x
+    pieces idle), each writing its float32 partial to ws_ptr [P, BLOCK_D * C] at its number."""
     pid = tl.program_id(0)
-    part = 0
-    parts = 1
-    piece = 0
-    in_tail = False
-    if TAIL:
+    n_cap = 2**30
+    if TAIL == 2:  # the tail's pieces: program pid is piece pid % pieces of heavy tile whole + pid // pieces
         nh, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
-        nd = tl.cdiv(D, BLOCK_D)
-        heavy_end = whole + tail * pieces
-        in_tail = (pid >= whole) & (pid < heavy_end)
-        piece = tl.maximum(pid - whole, 0)
-        tile = tl.where(in_tail, whole + piece // pieces, pid)
-        part = tl.where(in_tail, piece % pieces, 0)
-        parts = tl.where(in_tail, pieces, 1)
-        d_tile, rank = _tile(tl.minimum(tile, nh * nd - 1), D, nh * C, BLOCK_D, C, GROUP_D)
-        light = pid - heavy_end  # >= 0: the light-th tile after the heavy ones, rank by rank
-        d_tile = tl.where(light >= 0, light % nd, d_tile)
-        rank = tl.where(light >= 0, nh + light // nd, rank)
-        live = rank < H // C
-        chunk = tl.load(order_ptr + rank, mask=live, other=0)
-        d_end = tl.where(live, D, 0)  # past the last chunk's tiles: nothing stored
-        n_cap = tl.where(live, 2**30, 0)
+        live = pid < tail * pieces
+        last = nh * tl.cdiv(D, BLOCK_D) - 1
+        d_tile, rank = _tile(tl.minimum(whole + pid // pieces, last), D, nh * C, BLOCK_D, C, GROUP_D)
+        chunk = tl.load(order_ptr + rank)
+        n_cap = tl.where(live, n_cap, 0)
+        d_end = tl.where(live, D, 0)
     else:
         d_tile, rank = _tile(pid, D, H, BLOCK_D, C, GROUP_D)
         chunk = tl.load(order_ptr + rank) if ORDERED else rank
         d_end = D
-        n_cap = 2**30
+        if TAIL == 1:  # a heavy tile numbered >= whole in the heavy tiles' grouped order: left to the pieces
+            nh, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
+            first = (d_tile // GROUP_D) * GROUP_D
+            size = tl.minimum(tl.cdiv(D, BLOCK_D) - first, GROUP_D)
+            skip = (rank < nh) & (first * nh + rank * size + d_tile - first >= whole)
+            n_cap = tl.where(skip, 0, n_cap)
+            d_end = tl.where(skip, 0, D)
     dd = d_tile * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = dd < d_end
     oc = tl.arange(0, C)
@@ -226,9 +219,9 @@ def _chunk_wgrad_kernel(
         share = tl.cdiv(n_iter, SPLIT)
         i0 = tl.program_id(2) * share
         n_iter = tl.minimum(n_iter, i0 + share)
-    if TAIL:  # a tail piece's share (parts 1 elsewhere: all of the tile's steps)
-        share = tl.cdiv(n_iter, parts)
-        i0 = part * share
+    if TAIL == 2:  # the piece's contiguous share of the tile's K steps
+        share = tl.cdiv(n_iter, pieces)
+        i0 = (pid % pieces) * share
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((C, BLOCK_D) if UNITS_M else (BLOCK_D, C), dtype=tl.float32)
     # A feeds the dot only: a tl.sum of A's tile here (db1) makes Triton 3.6 keep one shared buffer of
@@ -273,12 +266,10 @@ def _chunk_wgrad_kernel(
         d_mask = d_ok[:, None]
     if SPLIT > 1:  # out is the float32 partials [SPLIT, D*H]
         dst += tl.program_id(2).to(tl.int64) * D * H
-    if TAIL:
-        if in_tail:  # the piece's float32 partial, [BLOCK_D, C] row-major at its piece number
-            rows = tl.arange(0, BLOCK_D)
-            tl.store(ws_ptr + piece.to(tl.int64) * (BLOCK_D * C) + rows[:, None] * C + oc[None, :], acc)
-        else:
-            tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
+    if TAIL == 2:  # the piece's float32 partial, [BLOCK_D, C] row-major at its piece number
+        rows = tl.arange(0, BLOCK_D)
+        ws = ws_ptr + pid.to(tl.int64) * (BLOCK_D * C) + rows[:, None] * C + oc[None, :]
+        tl.store(ws, acc, mask=(rows < tl.where(live, BLOCK_D, 0))[:, None])
     else:
         tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -507,14 +498,15 @@ def chunk_wgrad(
         raise ValueError(f"chunk_wgrad: programs={programs}; expected an int >= 1")
     ws = torch.empty((p, block_d * c), device=a.device, dtype=torch.float32) if tail else dst
     ncp = triton.next_power_of_2(h // c)
-    _WGRAD[(tiles + p if tail else tiles, 1, split)](
-        a_src, b_src, dst, offsets, blocks, cols, order_arg, ws, d, h, v, a.stride(0), b.stride(0), p,
-        C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
-        I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma, GROUP_D=group_d,
-        ORDERED=order is not None, TAIL=tail, NCP=ncp, MOST=_MOST_PIECES,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )  # fmt: skip
+    for grid, stage in ((tiles, 1), (p, 2)) if tail else ((tiles, 0),):  # TAIL: the grid, then the pieces
+        _WGRAD[(grid, 1, split)](
+            a_src, b_src, dst, offsets, blocks, cols, order_arg, ws, d, h, v, a.stride(0), b.stride(0), p,
+            C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
+            I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma,
+            GROUP_D=group_d, ORDERED=order is not None, TAIL=stage, NCP=ncp, MOST=_MOST_PIECES,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )  # fmt: skip
     if tail:  # the tail tiles' partials summed piece by piece, rounded once (nothing where no tail)
         rows = min(32, block_d)
         _TAIL_SUM[(p, block_d // rows)](

@@ -188,8 +188,9 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     wgrad += [(128, False, 1, False, 256, 8, True), (128, True, 1, False, 256, 8, True)]
     wgrad += [(128, False, 1, False, 128, 4, True)]
     wgrad += [(64, False, 1, True, 256, 4, True), (128, False, 1, True, 256, 8, True)]  # B2 units x d: no TMA
-    wgrad = [(*case, False) for case in wgrad]
-    wgrad += [(128, False, 1, False, 256, 8, True, True), (128, True, 1, False, 256, 8, True, True)]  # the default
+    wgrad = [(*case, 0) for case in wgrad]
+    # the default: TAIL 1 (the grid less the tail's tiles) and 2 (the tail's pieces)
+    wgrad += [(128, square, 1, False, 256, 8, True, stage) for stage in (1, 2) for square in (False, True)]
     for c, square, split, units_m, block_d, warps, tma, tail in wgrad:
         ce = {
             "C": c,
@@ -219,7 +220,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         )
         types["out_ptr"] = "*bf16" if split == 1 else "*fp32"
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")} | {"ws_ptr": "*fp32"}
-        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "") + (" tail" if tail else "")
+        label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "") + (f" tail {tail}" if tail else "")
         label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
         stages = 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
         label += f" s{stages}"
