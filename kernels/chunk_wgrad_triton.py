@@ -490,9 +490,12 @@ def chunk_wgrad(
         order = chunk_order(offsets) if tail else default_order(offsets, c, units_m)
     group_d = group_d or (4 if wide else 1)
     order_arg = offsets if order is None else order  # any int32 pointer: the kernel reads it only when ORDERED
-    # TAIL: up to (H100, 2.7B's B2 / B4 with every block keeping the same 24 of 96 chunks) 288 busy
-    # tiles of 128 blocks each on 132 SMs ran 3 waves, the last 18% full; split 5 ways, the last 24
-    # tiles fill 120 SMs for a fifth of a wave (P x BLOCK_D x c x 4 bytes of partials, 17 MB)
+    # TAIL: in a step from initialization every block keeps about the same chunks (2.7B width: p50 1,
+    # p90 125 of 128 blocks per chunk), ~24 x 12 = 288 heavy tiles of 128 blocks on 132 SMs, one per
+    # SM: 3 waves, the last 18% full, for 2.18 waves of work; the last 24 in 5 pieces fill 120 SMs
+    # for a fifth of a wave (P x BLOCK_D x c x 4 bytes of partials, 17 MB). H100, the step's own
+    # operands (bench.wgrad_step): B2 0.513 / B4 0.532 ms against 0.556 / 0.562 one program per
+    # tile; H200, a 2.7B step: B2 + B4 31.1 -> 26.0 ms (bench/RESULTS.md section 2)
     p = programs if programs is not None else sm_count(a.device.index) if cuda else 4
     if p < 1:
         raise ValueError(f"chunk_wgrad: programs={programs}; expected an int >= 1")

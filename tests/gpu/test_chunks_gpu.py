@@ -67,8 +67,9 @@ def test_chunk_wgrad_tail_schedule_at_the_2_7b_shape(kept, square, transpose):
     """(T, d, h) = (16384, 3072, 12288), 128:4:16 in chunks of 128 (6 groups of 16 chunks): every
     block keeping the same 4 chunks of each group (24 chunks: 2 waves + 24 tiles in 5 pieces on 132
     SMs), the first half of the blocks 4 and the second half 4 others (48: 4 waves + 48 tiles in 2
-    pieces), or random chunks (no split); the TAIL schedule (the default) gives the dense product and
-    the one-program-per-tile grid's to rounding, and exact zeros for the chunks no block keeps."""
+    pieces), or random chunks (on an H100 93 heavy ones: 8 waves + 60 tiles in 2 pieces); the TAIL
+    schedule (the default) gives the dense product and the one-program-per-tile grid's to rounding,
+    and exact zeros for the chunks no block keeps."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_ref, tail_plan
     from sparse_compile.kernels.gather_gemm_triton import sm_count
 
@@ -85,7 +86,7 @@ def test_chunk_wgrad_tail_schedule_at_the_2_7b_shape(kept, square, transpose):
     b = torch.randn(t, d, device="cuda", generator=g).bfloat16()
     counts = chunk_csr(ids, c, h)[0].diff()
     plan = tail_plan(counts.tolist(), d // 256, sm_count(None))
-    print(f"kept {kept}: {int((counts > 0).sum())} chunks kept by some block; (nb, whole, tail, pieces) {plan}")
+    print(f"kept {kept}: {int((counts > 0).sum())} chunks kept by some block; (nh, whole, tail, pieces) {plan}")
     _poison()
     got = chunk_wgrad(r_c, ids, b, 128, c, h, square=square, transpose=transpose)
     _poison()
