@@ -25,8 +25,10 @@ vary with how often it is kept; ~64 on average at T = 16384, keep 1/4). With ``s
 partial to [S, ...]; one more launch sums the partials in a fixed order (deterministic) and rounds
 once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024, 4096): ~0.04 ms
 at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at least 4 programs
-per SM (2 for the c >= 128 tile, which runs one program per SM: at (16384, 2048, 8192) S = 2 took
-B4 from 0.270 to 0.342 ms on an H100).
+per SM (at (16384, 2048, 8192) S = 2 of the c >= 128 tile took B4 from 0.270 to 0.342 ms on an
+H100). The c >= 128 tile (one program per SM) splits by the selection instead, on the GPU: the
+TAIL schedule (``_tail_plan``) splits only the heavy tiles of a last, partly filled wave into
+pieces, their partials P x BLOCK_D x c x 4 bytes (17 MB on 132 SMs).
 
 db1 = scatter(dZ~).sum(0) is ``chunk_colsum``: per-block column sums of dZ~ (or the row-tile sums
 that B1's gather-N epilogue wrote), then one program per chunk over the same csr (deterministic).
@@ -422,7 +424,8 @@ def chunk_wgrad(
     ``order``: the chunks' program order, int32 [h/c] (None: default_order(csr[0], c, units_m); the
     op builds it once for B2 and B4). ``group_d``: D tiles
     per chunk back to back (None: 4 for the c >= 128 tile, else 1; see the note at the launch).
-    ``split``: programs per output tile, each summing 1/split of its K steps (None: split_for).
+    ``split``: programs per output tile, each summing 1/split of its K steps (None: the TAIL
+    schedule for the c >= 128 tile, else split_for).
     ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c].
     Off by default: on an H100 at (16384, 2048, 8192), c = 64, B4 took 0.412-0.415 ms against 0.416
     and B2 0.568-0.697 against 0.464 (bench.chunk_kernels --sweep, 5e0c722; bench/RESULTS.md
