@@ -193,6 +193,7 @@ def _chunk_wgrad_kernel(
     if TAIL == 2:  # the tail's pieces: program pid is piece pid % pieces of heavy tile whole + pid // pieces
         nh, whole, tail, pieces = _tail_plan(offsets_ptr, H // C, tl.cdiv(D, BLOCK_D), P, NCP, MOST)
         live = pid < tail * pieces
+        nh = tl.maximum(nh, 1)  # 0 only with no kept block at all (T = 0): no tile, no division by 0
         last = nh * tl.cdiv(D, BLOCK_D) - 1
         d_tile, rank = _tile(tl.minimum(whole + pid // pieces, last), D, nh * C, BLOCK_D, C, GROUP_D)
         chunk = tl.load(order_ptr + rank)
@@ -437,7 +438,8 @@ def chunk_wgrad(
     ``tail``: the TAIL schedule (_tail_plan): the heavy tiles of a last, partly filled wave split over
     the SMs it would leave idle, their float32 partials summed by one more launch (None: on for the
     c >= 128 tile where ``split`` is None; not with ``units_m`` or ``split``). It takes ``order``
-    as ranking every chunk some block keeps before every chunk none keeps, as chunk_order does.
+    as chunk_order's ranking (by how many blocks keep each chunk, most first): the heavy chunks
+    must be its first ranks.
     ``programs``: the SM count the schedule fills (None: the device's; 4 off CUDA)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):

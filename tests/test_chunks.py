@@ -336,6 +336,16 @@ def test_weight_grad_tail_refuses_what_it_does_not_run(interpreter):
             chunk_wgrad(r_c, ids, b, 16, 16, 256, tail=True, **kw)
 
 
+def test_weight_grad_tail_with_no_tokens_is_zero(interpreter):
+    """T = 0: no chunk kept anywhere (no heavy chunk, no tail); the product is all zeros."""
+    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad
+
+    a = torch.empty((0, 64), dtype=torch.float16)
+    out = chunk_wgrad(a, torch.empty((0, 64), dtype=torch.int32), torch.empty((0, 32), dtype=torch.float16),
+                      16, 16, 256, tail=True, programs=5)  # fmt: skip
+    assert out.shape == (256, 32) and torch.equal(out, torch.zeros_like(out))
+
+
 def test_split_is_the_smallest_power_of_two_with_four_programs_per_sm(monkeypatch):
     import sparse_compile.kernels.chunk_wgrad_triton as cw
 
