@@ -7,9 +7,12 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from sparse_compile import SparsityConfig
 from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
+from sparse_compile.kernels.chunk_wgrad_triton import _tail_plan
 from sparse_compile.kernels.gather_reference import vnm_scatter_ref
 
 PATTERNS = [(32, 2, 8, 16), (16, 1, 4, 32), (32, 4, 8, 16), (64, 2, 16, 16)]  # (V, N, M, c)
@@ -324,6 +327,41 @@ def test_tail_plan_splits_only_a_partly_filled_last_wave():
     assert tail_plan([128] * 33 + [0] * 63, 12, 132) == (33, 396, 0, 1)
     assert tail_plan([128] * 8 + [0] * 24, 4, 132) == (8, 0, 32, 4)
     assert tail_plan([128] + [0] * 31, 4, 132) == (1, 0, 4, 8)
+
+
+@triton.jit
+def _plan_kernel(offsets_ptr, out_ptr, NCH, ND, P, NCP: tl.constexpr, MOST: tl.constexpr):
+    """The four numbers of chunk_wgrad's _tail_plan into out_ptr[0:4]."""
+    nh, whole, tail, pieces = _tail_plan(offsets_ptr, NCH, ND, P, NCP, MOST)
+    tl.store(out_ptr + 0, nh)
+    tl.store(out_ptr + 1, whole)
+    tl.store(out_ptr + 2, tail)
+    tl.store(out_ptr + 3, pieces)
+
+
+def test_tail_plan_on_the_gpu_side_equals_the_host_mirror(interpreter):
+    """_tail_plan (what every TAIL program computes from the csr offsets) against tail_plan (the host
+    mirror the tests and benches read) on random kept counts: many chunks, few, none kept at all,
+    all kept alike, every D-tile count and SM count of the cases below."""
+    from sparse_compile.kernels.chunk_wgrad_triton import _MOST_PIECES, tail_plan
+
+    g = torch.Generator().manual_seed(6)
+    cases = 0
+    for nch in (1, 24, 96, 128):
+        for trial in range(4):
+            counts = torch.randint(0, 129, (nch,), generator=g)
+            if trial == 1:  # a step's: a quarter kept by nearly every block, the rest by a few or none
+                counts = torch.where(torch.rand(nch, generator=g) < 0.25, 128 - counts % 4, counts % 3)
+            if trial == 2:
+                counts = torch.full((nch,), 32)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(torch.int32)
+            for nd, p in ((12, 132), (8, 132), (3, 7), (4, 5)):
+                out = torch.zeros(4, dtype=torch.int32)
+                _plan_kernel[(1,)](offsets, out, nch, nd, p, NCP=triton.next_power_of_2(nch), MOST=_MOST_PIECES)
+                if counts.max() > 0:
+                    assert tuple(out.tolist()) == tail_plan(counts.tolist(), nd, p), (nch, trial, nd, p)
+                    cases += 1
+    assert cases >= 56
 
 
 def test_weight_grad_tail_refuses_what_it_does_not_run(interpreter):
