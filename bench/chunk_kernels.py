@@ -10,7 +10,8 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                dZ~^T X) and vs the ceiling: cuBLAS on the same product with K = T * 4/M (the work
                left at keep 4/M); with --sweep also the B2 and B4 kernels' tilings, split-K
                factors, tile orientations (units_m: the chunk's units along the MMA's M) and loads
-               (TMA descriptors or pointer tiles); "B2/B4 pointers": the default tile through pointers
+               (TMA descriptors or pointer tiles); "B2/B4 pointers": the default tile through pointers;
+               for c >= 128 "one program per tile": without the TAIL schedule (tail=False)
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
   db1 (colsum) B4's bias gradient from the compact dZ~ (kernels/chunk_wgrad_triton.chunk_colsum) vs
                copy bandwidth (bytes: dZ~ read once), beside the dense path's dZ.sum(0)
