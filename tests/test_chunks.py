@@ -283,8 +283,8 @@ def _kept_selection(static: bool, t: int, h: int, v: int, m: int, c: int, dtype=
 @pytest.mark.parametrize("static,programs", [(True, 4), (True, 9), (True, 13), (False, 5), (False, 12), (False, 17)])
 def test_weight_grad_tail_schedule_matches_reference(interpreter, static, programs):
     """The TAIL schedule: the heavy tiles past the last full wave of ``programs`` SMs split into
-    1-8 pieces (float32 partials, summed in a fixed order), then the light chunks' tiles (kept by
-    under half the blocks of the most-kept one), the tiles of chunks no block keeps zeroed;
+    1-8 pieces (float32 partials, summed in a fixed order), every other tile (light chunks': kept by
+    under half the blocks of the most-kept one; unkept chunks': zeros) one program in the grid;
     the product equals the reference and the one-program-per-tile grid to rounding, and every unit
     of an unkept chunk is exactly 0 in memory that held NaN."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_ref, tail_plan
@@ -341,8 +341,9 @@ def _plan_kernel(offsets_ptr, out_ptr, NCH, ND, P, NCP: tl.constexpr, MOST: tl.c
 
 def test_tail_plan_on_the_gpu_side_equals_the_host_mirror(interpreter):
     """_tail_plan (what every TAIL program computes from the csr offsets) against tail_plan (the host
-    mirror the tests and benches read) on random kept counts: many chunks, few, none kept at all,
-    all kept alike, every D-tile count and SM count of the cases below."""
+    mirror the tests and benches read) on random kept counts: many chunks or one, a step's (a
+    quarter kept by nearly every block), all kept alike, at each D-tile and SM count below (a draw
+    where no chunk is kept is run, not compared: the host mirror needs a kept chunk)."""
     from sparse_compile.kernels.chunk_wgrad_triton import _MOST_PIECES, tail_plan
 
     g = torch.Generator().manual_seed(6)
