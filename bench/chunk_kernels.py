@@ -11,8 +11,7 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                left at keep 4/M); with --sweep also the B2 and B4 kernels' tilings, split-K
                factors, tile orientations (units_m: the chunk's units along the MMA's M) and loads
                (TMA descriptors or pointer tiles); "B2/B4 pointers": the default tile through pointers;
-               for c >= 128 "one program per tile": without the TAIL schedule (tail=False);
-               "warp-specialized": ws=True (a TMA producer and two MMA consumer warpgroups)
+               for c >= 128 "one program per tile": without the TAIL schedule (tail=False)
   scatter path what the chunk kernels replace: two scatters to [T, h] plus the two dense GEMMs
   db1 (colsum) B4's bias gradient from the compact dZ~ (kernels/chunk_wgrad_triton.chunk_colsum) vs
                copy bandwidth (bytes: dZ~ read once), beside the dense path's dZ.sum(0)
@@ -176,14 +175,11 @@ def measure(
     wgrads = [("B2", h_c, dy, False, True, None, None), ("B4", dz_c, x, False, False, None, None)]
     wgrads += [("B2 pointers", h_c, dy, False, True, False, None), ("B4 pointers", dz_c, x, False, False, False, None)]
     wgrads += [("B2 squaring r_c", r_c, dy, True, True, None, None)]
-    wgrads = [(*w, False) for w in wgrads]
-    if c >= 128:  # one program per tile; warp-specialized (ws=True) with the TAIL schedule and without
-        for tail, ws, what in ((False, False, "one program per tile"), (None, True, "warp-specialized"),
-                               (False, True, "one program per tile, warp-specialized")):  # fmt: skip
-            wgrads += [(f"B2 {what}", h_c, dy, False, True, None, tail, ws)]
-            wgrads += [(f"B4 {what}", dz_c, x, False, False, None, tail, ws)]
-    for name, a, b, square, transpose, tma, tail, ws in wgrads:
-        kw = dict(square=square, transpose=transpose, csr=csr, tma=tma, tail=tail, ws=ws)
+    if c >= 128:
+        wgrads += [("B2 one program per tile", h_c, dy, False, True, None, False)]
+        wgrads += [("B4 one program per tile", dz_c, x, False, False, None, False)]
+    for name, a, b, square, transpose, tma, tail in wgrads:
+        kw = dict(square=square, transpose=transpose, csr=csr, tma=tma, tail=tail)
         got = chunk_wgrad(a, ids, b, v, c, h, **kw)
         dense_a = vnm_scatter_ref(a * a if square else a, ids, v, h)
         want = dense_a.t() @ b

@@ -10,7 +10,6 @@ each recorded call it prints how many blocks keep each chunk (mean, max, quantil
 do_bench median of chunk_wgrad on:
   step                          the recorded operands, the op's program order (what ran in the step)
   one program per tile          the same without the TAIL schedule (tail=False: a last wave's tiles unsplit)
-  ..., warp-specialized         ws=True: the K loop in a TMA producer and two MMA consumer warpgroups
   chunk-id order, ...           the same, chunks in id order, 4 D tiles each or one (D tiles outer)
   most kept first, ...          the op's chunk order, one D tile or all 12 per chunk back to back
   step, split-K 2               each tile's K steps over two programs (float32 partials, summed)
@@ -75,8 +74,6 @@ def time_call(kernel, a: tuple, kw: dict) -> None:
     variants = {  # label: (args, kwargs, equal to the step's product)
         "step": (a, kw, True),
         "one program per tile (no tail split)": (a, {**kw, "tail": False}, False),
-        "step, warp-specialized": (a, {**kw, "ws": True}, False),
-        "one program per tile, warp-specialized": (a, {**kw, "tail": False, "ws": True}, False),
         "chunk-id order, 4 D tiles per chunk": (a, {**kw, "order": None, "tail": False}, False),
         "chunk-id order, D tiles outer": (a, {**kw, "order": None, "group_d": 1, "tail": False}, False),
         "most kept first, D tiles outer": (a, {**kw, "group_d": 1}, False),

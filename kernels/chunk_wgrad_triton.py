@@ -175,7 +175,7 @@ def _chunk_wgrad_kernel(
     P, C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SQUARE: tl.constexpr,
     TRANSPOSE: tl.constexpr, EVEN_D: tl.constexpr, I64: tl.constexpr, IEEE: tl.constexpr,
     SPLIT: tl.constexpr, UNITS_M: tl.constexpr, USE_TMA: tl.constexpr, GROUP_D: tl.constexpr,
-    ORDERED: tl.constexpr, TAIL: tl.constexpr, NCP: tl.constexpr, MOST: tl.constexpr, WS: tl.constexpr = False,
+    ORDERED: tl.constexpr, TAIL: tl.constexpr, NCP: tl.constexpr, MOST: tl.constexpr,
 ):  # fmt: skip
     """With SPLIT > 1, out_ptr is float32 [SPLIT, D*H]: each split's partial product; with SPLIT = 1,
     out in the output dtype. UNITS_M: the tile is [C, BLOCK_D] += A^T B (the chunk's units along the
@@ -233,7 +233,7 @@ def _chunk_wgrad_kernel(
     # cores costs +78% (0.417 -> 0.742 ms at (16384, 2048, 8192), H100): db1 is chunk_colsum's
     # one flat loop over (kept block, K step), so the loads of the next step are issued under this
     # step's dot (the index loads cost a pipeline stage, as in gather_k)
-    for i in tl.range(i0, n_iter, warp_specialize=WS):
+    for i in range(i0, n_iter):
         e = start + i // ksteps
         row0 = tl.load(blocks_ptr + e) * V + (i % ksteps) * BLOCK_K
         col = tl.multiple_of(tl.load(cols_ptr + e), C)
@@ -418,7 +418,6 @@ def chunk_wgrad(
     tma: bool | None = None,
     tail: bool | None = None,
     programs: int | None = None,
-    ws: bool | None = None,
 ) -> torch.Tensor:
     """scatter(a)^T @ b [h, D] (``transpose``: its transpose [D, h], contiguous) for a compact
     chunked operand a [T, Kc] with ids [T/V, Kc] and b [T, D]; ``square``: a*a (rounded) for a.
@@ -441,11 +440,7 @@ def chunk_wgrad(
     c >= 128 tile where ``split`` is None; not with ``units_m`` or ``split``). It takes ``order``
     as chunk_order's ranking (by how many blocks keep each chunk, most first): the heavy chunks
     must be its first ranks.
-    ``programs``: the SM count the schedule fills (None: the device's; 4 off CUDA).
-    ``ws``: the K loop warp-specialized (Triton's Hopper pass: one producer warpgroup issuing the
-    TMA copies, two consumer warpgroups each multiplying half the tile; launched at 4 warps, run at
-    12), for the one-program-per-tile launch (TAIL's pieces keep the pipelined loop: Triton 3.6 does
-    not build them warp-specialized). None: off."""
+    ``programs``: the SM count the schedule fills (None: the device's; 4 off CUDA)."""
     _check(a, ids, b, v, c, h)
     if not chunk_wgrad_supports(v, c):
         raise ValueError(f"chunk_wgrad: c={c} must be a power of two >= 16 and V={v} a multiple of 16")
@@ -466,14 +461,7 @@ def chunk_wgrad(
     wide = _wide(c, a.device, units_m)
     block_d = block_d or (32 if not cuda else 256)
     num_warps = num_warps or (4 if units_m or not cuda else 8)  # [64, 256] float32: one warpgroup
-    ws = bool(ws)
-    if ws and (not wide or split not in (None, 1)):
-        raise ValueError(
-            f"chunk_wgrad: ws=True runs the c >= 128 tile on CUDA, not units_m, split None or 1 "
-            f"(c={c}, device={a.device.type}, units_m={units_m}, split={split})"
-        )
-    # warp-specialized: 4 buffers of 48 KB (the compiler's stages are its buffers there)
-    num_stages = num_stages or (4 if ws else 5 if wide else 3)
+    num_stages = num_stages or (5 if wide else 3)
     if tma is None and not wide:  # c = 64: pointer tiles (None stays: TMA where tma_for allows)
         tma = False
     block_k = block_k or (64 if v % 64 == 0 else 16)
@@ -516,22 +504,21 @@ def chunk_wgrad(
     p = programs if programs is not None else sm_count(a.device.index) if cuda else 4
     if p < 1:
         raise ValueError(f"chunk_wgrad: programs={programs}; expected an int >= 1")
-    part = torch.empty((p, block_d * c), device=a.device, dtype=torch.float32) if tail else dst
+    ws = torch.empty((p, block_d * c), device=a.device, dtype=torch.float32) if tail else dst
     ncp = triton.next_power_of_2(h // c)
     for grid, stage in ((tiles, 1), (p, 2)) if tail else ((tiles, 0),):  # TAIL: the grid, then the pieces
-        spec = ws and stage < 2
         _WGRAD[(grid, 1, split)](
-            a_src, b_src, dst, offsets, blocks, cols, order_arg, part, d, h, v, a.stride(0), b.stride(0), p,
+            a_src, b_src, dst, offsets, blocks, cols, order_arg, ws, d, h, v, a.stride(0), b.stride(0), p,
             C=c, BLOCK_D=block_d, BLOCK_K=block_k, SQUARE=square, TRANSPOSE=transpose, EVEN_D=d % block_d == 0,
             I64=i64, IEEE=a.dtype == torch.float32, SPLIT=split, UNITS_M=units_m, USE_TMA=use_tma,
-            GROUP_D=group_d, ORDERED=order is not None, TAIL=stage, NCP=ncp, MOST=_MOST_PIECES, WS=spec,
-            num_warps=4 if spec else num_warps,
-            num_stages=num_stages if spec or not ws else 5,
+            GROUP_D=group_d, ORDERED=order is not None, TAIL=stage, NCP=ncp, MOST=_MOST_PIECES,
+            num_warps=num_warps,
+            num_stages=num_stages,
         )  # fmt: skip
     if tail:  # the tail tiles' partials summed piece by piece, rounded once (nothing where no tail)
         rows = min(32, block_d)
         _TAIL_SUM[(p, block_d // rows)](
-            part, out, offsets, order, d, h, p, C=c, BLOCK_D=block_d, ROWS=rows, TRANSPOSE=transpose,
+            ws, out, offsets, order, d, h, p, C=c, BLOCK_D=block_d, ROWS=rows, TRANSPOSE=transpose,
             GROUP_D=group_d, NCP=ncp, MOST=_MOST_PIECES, num_warps=4,
         )  # fmt: skip
     if split > 1:  # the partials summed in a fixed order, rounded once: one launch

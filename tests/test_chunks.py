@@ -375,19 +375,6 @@ def test_weight_grad_tail_refuses_what_it_does_not_run(interpreter):
             chunk_wgrad(r_c, ids, b, 16, 16, 256, tail=True, **kw)
 
 
-def test_weight_grad_warp_specialized_refuses_what_it_does_not_run(interpreter):
-    """ws=True builds only the c >= 128 tile on CUDA (TMA descriptors, one program per tile):
-    a clear error off it, naming the value, never a silent pipelined run."""
-    from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad
-
-    r_c, ids = _kept_selection(False, 64, 256, 16, 8, 16)
-    b = torch.randn(64, 32, dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"ws=True runs the c >= 128 tile on CUDA.*c=16, device=cpu"):
-        chunk_wgrad(r_c, ids, b, 16, 16, 256, ws=True)
-    out = chunk_wgrad(r_c, ids, b, 16, 16, 256, ws=False)  # off: the pipelined kernel, as with None
-    assert torch.equal(out, chunk_wgrad(r_c, ids, b, 16, 16, 256))
-
-
 def test_weight_grad_tail_with_no_tokens_is_zero(interpreter):
     """T = 0: no chunk kept anywhere (no heavy chunk, no tail); the product is all zeros."""
     from sparse_compile.kernels.chunk_wgrad_triton import chunk_wgrad

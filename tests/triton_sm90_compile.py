@@ -191,10 +191,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     wgrad = [(*case, 0) for case in wgrad]
     # the default: TAIL 1 (the grid less the tail's tiles) and 2 (the tail's pieces)
     wgrad += [(128, square, 1, False, 256, 8, True, stage) for stage in (1, 2) for square in (False, True)]
-    wgrad = [(*case, False) for case in wgrad]
-    # warp-specialized (ws=True): the one-program-per-tile grid and TAIL 1, launched at 4 warps, 4 stages
-    wgrad += [(128, square, 1, False, 256, 4, True, stage, True) for stage in (0, 1) for square in (False, True)]
-    for c, square, split, units_m, block_d, warps, tma, tail, ws in wgrad:
+    for c, square, split, units_m, block_d, warps, tma, tail in wgrad:
         ce = {
             "C": c,
             "BLOCK_D": block_d,
@@ -212,11 +209,10 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
             "TAIL": tail,
             "NCP": 128,
             "MOST": 8,
-            "WS": ws,
         }
         names = "a_ptr b_ptr out_ptr offsets_ptr blocks_ptr cols_ptr order_ptr ws_ptr D H V stride_a stride_b P "
         names += "C BLOCK_D BLOCK_K SQUARE TRANSPOSE EVEN_D I64 IEEE SPLIT UNITS_M USE_TMA GROUP_D ORDERED "
-        names += "TAIL NCP MOST WS"
+        names += "TAIL NCP MOST"
         types = (
             {"a_ptr": f"tensordesc<bf16[64,{c}]>", "b_ptr": f"tensordesc<bf16[64,{block_d}]>"}
             if tma
@@ -226,8 +222,8 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         types |= {k: "*i32" for k in ("offsets_ptr", "blocks_ptr", "cols_ptr", "order_ptr")} | {"ws_ptr": "*fp32"}
         label = f"chunk wgrad c={c}" + (f" split {split}" if split > 1 else "") + (f" tail {tail}" if tail else "")
         label += f" {'B2' if square else 'B4'} {'units x ' if units_m else ''}{block_d} w{warps}{' TMA' if tma else ''}"
-        stages = 4 if ws else 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
-        label += f" s{stages}" + (" warp-specialized" if ws else "")
+        stages = 5 if c >= 128 and block_d == 256 and not units_m else 3  # chunk_wgrad's defaults
+        label += f" s{stages}"
         launch = {"num_warps": warps, "num_stages": stages}
         cases.append((label, chunk_wgrad._chunk_wgrad_kernel, _sig(names, ce, types), ce, launch))
     ce = {"C": 128, "BLOCK_D": 256, "ROWS": 32, "TRANSPOSE": True, "GROUP_D": 4, "NCP": 128, "MOST": 8}
@@ -357,8 +353,6 @@ def check(index: int) -> tuple[bool, str]:
         return True, f"FAILED  {name}: 16-bit tiles copied in pieces under 16 bytes {narrow} (all: {dict(ops)})"
     if racy:
         return True, f"FAILED  {name}: one-slot pipelined tiles under async wgmma: {racy}"
-    if "warp-specialized" in name and "ttg.warp_specialize" not in compiled.asm["ttgir"]:
-        return True, f"FAILED  {name}: asked warp-specialized, built without partitions (no ttg.warp_specialize)"
     return False, f"ok      {name}  {sass}{dict(ops)}"
 
 

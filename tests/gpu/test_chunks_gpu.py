@@ -100,41 +100,6 @@ def test_chunk_wgrad_tail_schedule_at_the_2_7b_shape(kept, square, transpose):
     assert torch.equal(got[unkept], torch.zeros_like(got[unkept]))
 
 
-@pytest.mark.parametrize("kept", [24, 96], ids=["24-static", "random"])
-@pytest.mark.parametrize("tail", [True, False], ids=["tail", "grid"])
-@pytest.mark.parametrize("which", ["B2", "B4", "B2-square"])
-def test_chunk_wgrad_warp_specialized_at_the_2_7b_shape(kept, tail, which):
-    """ws=True (the K loop split into a TMA producer and two MMA consumer warpgroups by Triton's
-    Hopper pass) at (16384, 3072, 12288), 128:4:16 in chunks of 128, with and without the TAIL
-    schedule: the dense product to rounding, the pipelined kernel's result to float32 summation order
-    (the same K steps in the same order per tile), exact zeros for the chunks no block keeps."""
-    from sparse_compile.kernels.chunk_wgrad_triton import chunk_csr, chunk_wgrad, chunk_wgrad_ref
-
-    t, d, h, c = 16384, 3072, 12288, 128
-    g = torch.Generator(device="cuda").manual_seed(kept + 1)
-    z = torch.randn(t, h, device="cuda", generator=g).view(t, h // (16 * c), 16, c)
-    if kept < 96:
-        z[:, :, :4] += 8.0
-    h_c, r_c, ids = vnm_compact_ref(z.reshape(t, h).bfloat16(), None, 128, 4, 16, c)
-    del z
-    square, transpose = which == "B2-square", which != "B4"
-    a = r_c if square else h_c if which == "B2" else (r_c * 0.5).contiguous()
-    b = torch.randn(t, d, device="cuda", generator=g).bfloat16()
-    counts = chunk_csr(ids, c, h)[0].diff()
-    kw = dict(square=square, transpose=transpose, tail=tail)
-    _poison()
-    got = chunk_wgrad(a, ids, b, 128, c, h, ws=True, **kw)
-    _poison()
-    piped = chunk_wgrad(a, ids, b, 128, c, h, ws=False, **kw)
-    want = chunk_wgrad_ref(a, ids, b, 128, h, square=square)
-    got, piped = (got.t(), piped.t()) if transpose else (got, piped)
-    assert torch.isfinite(got).all()
-    assert _rel(got, want) < 1e-2
-    assert _rel(got, piped) < 5e-3
-    unkept = (counts == 0).repeat_interleave(c)
-    assert torch.equal(got[unkept], torch.zeros_like(got[unkept]))
-
-
 @pytest.mark.parametrize("c", [16, 32, 64, 128])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_gathers_read_w2_in_place(c, persistent):
