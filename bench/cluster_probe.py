@@ -10,6 +10,12 @@ activation pattern keeps (H = relu(Z)^2 of every FFN, all layers pooled), for:
 - stale: the permutation fitted at the previous --fit-at step, applied at this one (how often
   re-clustering must run).
 
+With --score-rows S,..: also, for every pattern, the causal pattern (each block's chunks chosen from
+the previous block of its sequence; the sequence is the model's block size) and the causal
+pattern scored on the previous block's last S rows only ({"causal": true, "score_rows": S}), in
+the units' own order, with "agree": the fraction of the (block, group) chunk choices equal to the
+causal pattern's. --no-cluster skips the clustering variants.
+
 Patterns are V:N:M with an optional chunk, as in the config: 128:2:16c64 is {"activations":
 "128:2:16", "chunk": 64}. Writes a tabulate table and --csv.
 """
@@ -26,6 +32,7 @@ from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
 from sparse_compile.clustering import block_mass, cluster_units, kept_mass
+from sparse_compile.kernels.activation_mask import vnm_select
 
 
 def parse_pattern(text: str) -> tuple[int, int, int, int]:
@@ -75,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", help="write the rows here")
+    p.add_argument("--score-rows", default="", help="comma-separated S: the causal pattern scored on S rows too")
+    p.add_argument("--no-cluster", action="store_true", help="only the units' own order (and --score-rows)")
     args = p.parse_args(argv)
+    try:
+        score_rows = [int(s) for s in args.score_rows.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--score-rows {args.score_rows!r}: expected comma-separated ints")
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     size = args.size or ("125m" if gpu else "tiny")
@@ -117,6 +130,19 @@ def main(argv: list[str] | None = None) -> int:
         zeros = sum((h == 0).sum().item() for h in held) / sum(h.numel() for h in held)
         print(f"step {step}: train loss {loss.item():.4f}, H zero fraction {zeros:.3f}", flush=True)
         for text, (v, n, m, c) in patterns.items():
+            if score_rows:  # the causal pattern over the model's sequences, scored on all V rows or the last S
+                seq = cfg.block_size
+                full = [vnm_select(h.float(), v, n, m, c, seq)[0] for h in held]
+                for s in [None, *score_rows]:
+                    cols = full if s is None else [vnm_select(h.float(), v, n, m, c, seq, s)[0] for h in held]
+                    agree = sum((a == b).all(-1).sum().item() for a, b in zip(cols, full, strict=True))
+                    agree /= sum(a.shape[0] * a.shape[1] for a in full)
+                    name = "causal" if s is None else f"causal, last {s} rows"
+                    rows.append({"step": step, "pattern": text, "variant": name,
+                                 "kept": kept_mass(held, (v, n, m), c, seq=seq, score=s), "agree": agree})  # fmt: skip
+                    print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}, agree {agree:.3f}", flush=True)
+            if args.no_cluster:
+                continue
             t0 = time.perf_counter()
             profiles = [block_mass(h, v).cpu() for h in fit]
             perms = [cluster_units(pr, m, c) for pr in profiles]
@@ -133,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}", flush=True)
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4f"))
     if args.csv:
-        write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s"])
+        write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s", "agree"])
     return 0
 
 

@@ -305,12 +305,13 @@ class Health:
 
     def __init__(
         self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1,
-        causal: bool = False,
+        causal: bool = False, score: int | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.pattern = pattern
         self.chunk = chunk
         self.causal = causal
+        self.score = score  # causal: rows of the previous block that score a block (None: V)
         self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
@@ -337,8 +338,8 @@ class Health:
             perms = sparse_compile.unit_permutations()  # by site module path, 'blocks.i.mlp'
             if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
                 site_perms = [perms.get(f"blocks.{i}.mlp") for i in range(len(flat))]
-                kept = kept_mass(flat, self.pattern, self.chunk, site_perms, seq)
-                static = static_share(flat, self.pattern, self.chunk, site_perms, seq)
+                kept = kept_mass(flat, self.pattern, self.chunk, site_perms, seq, self.score)
+                static = static_share(flat, self.pattern, self.chunk, site_perms, seq, score=self.score)
         flips = math.nan
         weights = [w for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
         masks = [transposable_24_mask(distributed.full(w) if self.sharded else w) for w in weights]
@@ -410,8 +411,9 @@ def train_one(
         return distributed.mean(local, d, device)
 
     health = Health(
-        model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk, args.config.causal
-    )
+        model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk,
+        args.config.causal, args.config.score_rows,
+    )  # fmt: skip
     result = RunResult(name)
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)

@@ -14,8 +14,11 @@ sparse along tokens (kernels/chunk_wgrad_triton.py).
 
 Causal patterns (``seq``, tokens per sequence, a multiple of V): the 4 chunks a block keeps are
 chosen from the tokens before it, so no token's output depends on a later token. Block j > 0 of
-a sequence is scored by the norms of block j - 1; a sequence's first block by its first token's
-row alone. The in-row choice is per token, causal either way. Without ``seq`` a block's columns
+a sequence is scored by the norms of block j - 1 (with ``score`` S < V: of its last S rows only,
+the tokens right before block j); a sequence's first block by its first token's row alone.
+Scoring on S rows lets a forward compute Z = X W1^T + b1 in full only on those rows and the kept
+chunks elsewhere (kernels/ffn_gather.py): the chunks of block j are known before its Z is.
+The in-row choice is per token, causal either way. Without ``seq`` a block's columns
 are chosen from all V of its tokens, later ones included: token t's kept columns then carry
 information about tokens t+1 .. of its block, which a causal LM can learn to read.
 
@@ -28,10 +31,18 @@ the small [T/V, F/M, M] norm tensor); the in-row choice is N rounds of argmax (f
 import torch
 
 
-def _check(h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None) -> None:
+def _check(
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+) -> None:
     if seq is not None and (seq < v or seq % v or h.shape[0] % seq):
         raise ValueError(
             f"vnm: causal pattern with sequences of {seq} tokens: needs a multiple of V={v} that divides T={h.shape[0]}"
+        )
+    if score is not None and (
+        seq is None or isinstance(score, bool) or not isinstance(score, int) or not 1 <= score <= v
+    ):
+        raise ValueError(
+            f"vnm: score={score!r} rows of the previous block: needs a causal pattern (seq) and 1 <= score <= V={v}"
         )
     if h.dim() != 2:
         raise ValueError(f"vnm: expected a 2-D activation [T, F], got shape {tuple(h.shape)}")
@@ -55,14 +66,17 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     return ahead.sum(-1) < k
 
 
-def block_scores(h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = None) -> torch.Tensor:
+def block_scores(
+    h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+) -> torch.Tensor:
     """The float32 L1 norm [T/V, F/(M c), M] each block ranks its chunks by: over its own V tokens,
-    or (causal, ``seq``) over the previous block of its sequence / its first token's row."""
+    or (causal, ``seq``) over the previous block of its sequence (its last ``score`` rows when
+    given) / its first token's row."""
     t, f = h.shape
     blocks = h.reshape(t // v, v, f // (m * c), m, c)
-    own = blocks.sum(dim=(1, 4), dtype=torch.float32)
     if seq is None:
-        return own
+        return blocks.sum(dim=(1, 4), dtype=torch.float32)
+    own = blocks[:, v - (score or v) :].sum(dim=(1, 4), dtype=torch.float32)
     first = blocks[:, 0].sum(dim=-1, dtype=torch.float32)
     previous = torch.cat([first[:1], own[:-1]])
     starts = (torch.arange(t // v, device=h.device) % (seq // v) == 0)[:, None, None]
@@ -70,14 +84,14 @@ def block_scores(h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = 
 
 
 def _vnm(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [T/V, F/(M c), M]: the 4 chunks of largest float32 L1 norm per V x M-chunk block
     (block_scores), keep [T/V, V, F/(M c), M, c]: the V:N:M mask)."""
-    _check(h, v, n, m, c, seq)
+    _check(h, v, n, m, c, seq, score)
     t, f = h.shape
     blocks = h.reshape(t // v, v, f // (m * c), m, c)
-    chosen = top_k_mask(block_scores(h, v, m, c, seq), 4)
+    chosen = top_k_mask(block_scores(h, v, m, c, seq, score), 4)
     if n == 4:
         return chosen, chosen[:, None, :, :, None].expand(blocks.shape)
     # N rounds of argmax over the M chunks at each row and offset, unchosen chunks at -inf: argmax
@@ -91,14 +105,17 @@ def _vnm(
     return chosen, keep
 
 
-def vnm_mask(h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None) -> torch.Tensor:
+def vnm_mask(
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+) -> torch.Tensor:
     """Boolean mask [T, F] of the V:N:M pattern of ``h`` with c-unit chunks, causal over sequences of
-    ``seq`` tokens when given (see module docstring)."""
-    return _vnm(h, v, n, m, c, seq)[1].reshape(h.shape)
+    ``seq`` tokens when given, scored on the last ``score`` rows of the previous block when given
+    (see module docstring)."""
+    return _vnm(h, v, n, m, c, seq, score)[1].reshape(h.shape)
 
 
 def vnm_select(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept chunks and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
 
@@ -106,17 +123,23 @@ def vnm_select(
     ascending; and ``keep`` bool [T, F/(M c), 4 c]: which of those 4 each row keeps at each
     offset o (entry j c + o for chunk j; N per row and offset).
     """
-    chosen, mask = _vnm(h, v, n, m, c, seq)
+    chosen, mask = _vnm(h, v, n, m, c, seq, score)
     t, f = h.shape
     g = f // (m * c)
-    ids = torch.arange(m, device=h.device).expand_as(chosen)
-    cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
+    cols = chosen_cols(chosen)
     keep = torch.gather(mask, 3, cols[:, None, :, :, None].expand(t // v, v, g, 4, c))
     return cols, keep.reshape(t, g, 4 * c)
 
 
 def vnm_compact_ref(
-    z: torch.Tensor, bias: torch.Tensor | None, v: int, n: int, m: int, c: int = 1, seq: int | None = None
+    z: torch.Tensor,
+    bias: torch.Tensor | None,
+    v: int,
+    n: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The compact V:N:M form of H = relu(z + bias)^2 (z [T, F], bias [F] or None), in z's dtype.
 
@@ -127,7 +150,7 @@ def vnm_compact_ref(
     """
     r = torch.relu(z if bias is None else z + bias)
     h = r * r
-    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c, seq)
+    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c, seq, score)
     return h_c, r_c, ids
 
 
@@ -138,15 +161,36 @@ def vnm_compact_abs_ref(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.
     return x_c, ids
 
 
+def kept_ids(cols: torch.Tensor, m: int, c: int) -> torch.Tensor:
+    """int32 [T/V, F*4/M]: the absolute unit ids of the compact columns, from ``cols`` [T/V, F/(M c),
+    4] (the kept chunks of each group, ascending, as vnm_select returns them)."""
+    nb, groups = cols.shape[:2]
+    g = torch.arange(groups, device=cols.device)[:, None, None] * (m * c)
+    return (g + cols[..., None] * c + torch.arange(c, device=cols.device)).reshape(nb, groups * 4 * c).to(torch.int32)
+
+
+def chosen_cols(chosen: torch.Tensor) -> torch.Tensor:
+    """int64 [..., 4]: the ids of the 4 chosen of M (``chosen`` bool [..., M]), ascending."""
+    m = chosen.shape[-1]
+    ids = torch.arange(m, device=chosen.device).expand_as(chosen)
+    return torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
+
+
 def _compact(
-    score: torch.Tensor, values: tuple[torch.Tensor, ...], v: int, n: int, m: int, c: int = 1, seq: int | None = None
+    ranked: torch.Tensor,
+    values: tuple[torch.Tensor, ...],
+    v: int,
+    n: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score: int | None = None,
 ):
-    """Each of ``values`` at the kept places of the V:N:M pattern of ``score`` (compact, 0 where a
+    """Each of ``values`` at the kept places of the V:N:M pattern of ``ranked`` (compact, 0 where a
     row drops the entry), and the int32 ids of the compact columns."""
-    cols, keep = vnm_select(score, v, n, m, c, seq)
-    t, f = score.shape
-    g = torch.arange(f // (m * c), device=score.device)[:, None, None] * (m * c)
-    ids = (g + cols[..., None] * c + torch.arange(c, device=score.device)).reshape(t // v, f * 4 // m)
-    rows = ids.repeat_interleave(v, dim=0)
+    cols, keep = vnm_select(ranked, v, n, m, c, seq, score)
+    t, f = ranked.shape
+    ids = kept_ids(cols, m, c)
+    rows = ids.long().repeat_interleave(v, dim=0)
     keep = keep.reshape(t, f * 4 // m)
-    return tuple(x.gather(1, rows) * keep for x in values), ids.to(torch.int32)
+    return tuple(x.gather(1, rows) * keep for x in values), ids

@@ -7,8 +7,9 @@ bias, v, n, m, c), which this matches value for value (the float32 norm sums may
 order, so a near-tie between chunk norms may resolve differently).
 
 Causal (``seq``, tokens per sequence): pass 1 scores the previous block of the sequence instead
-(a sequence's first block: its first row alone), as the reference's block_scores does; pass 2 is
-unchanged. The bytes read stay 1.25 x Z: each block's rows are scored by the next block's program.
+(its last ``score`` rows when given; a sequence's first block: its first row alone), as the
+reference's block_scores does; pass 2 is unchanged. The bytes read stay at most 1.25 x Z: each
+block's rows are scored by the next block's program.
 
 One program = one V-block x one group (M*c columns, a power of two). Pass 1 walks the block's
 rows in ROWS-row steps, accumulating relu(Z + b)^2 (rounded to Z's dtype, as the reference does)
@@ -41,13 +42,13 @@ def _relu_sq(z_ptr, bias_ptr, offs, cols, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _chunk_select_kernel(
-    z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids, SEQ_BLOCKS,
+    z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids, SEQ_BLOCKS, S,
     M: tl.constexpr, C: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, ROWS2: tl.constexpr,
     HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """CAUSAL: pass 1 scores block blk - 1 of the sequence (SEQ_BLOCKS blocks per sequence), or
-    only the first row of a sequence's first block. ROWS: rows per step of pass 1 ([ROWS, M*C]
-    tiles), ROWS2 of pass 2 ([ROWS2, 4*C])."""
+    """CAUSAL: pass 1 scores the last S rows of block blk - 1 of the sequence (SEQ_BLOCKS blocks
+    per sequence), or only the first row of a sequence's first block (S = V without CAUSAL).
+    ROWS: rows per step of pass 1 ([ROWS, M*C] tiles), ROWS2 of pass 2 ([ROWS2, 4*C])."""
     blk = tl.program_id(0)
     g = tl.program_id(1)
     W: tl.constexpr = M * C
@@ -57,12 +58,12 @@ def _chunk_select_kernel(
     acc = tl.zeros((ROWS, W), dtype=tl.float32)
     if CAUSAL:
         starts = blk % SEQ_BLOCKS == 0
-        src0 = tl.where(starts, row0, row0 - V)  # first row of the block pass 1 scores
-        scored = tl.where(starts, 1, V)  # its rows that count
+        src0 = tl.where(starts, row0, row0 - S)  # first row pass 1 scores
+        scored = tl.where(starts, 1, S)  # the rows that count
     else:
         src0 = row0
         scored = V
-    for k in range(0, V, ROWS):
+    for k in range(0, S, ROWS):
         rows = src0 + k + rr
         _, hh = _relu_sq(z_ptr, bias_ptr, rows[:, None] * stride_z + col[None, :], col[None, :], HAS_BIAS)
         acc += tl.where((k + rr < scored)[:, None], hh.to(tl.float32), 0.0)
@@ -133,11 +134,13 @@ def vnm_select_chunks(
     c: int,
     seq: int | None = None,
     tiling: tuple[int, int, int] | None = None,
+    score: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h_c [T, h*4/M], r_c [T, h*4/M], ids int32 [T/V, h*4/M]) of z [T, h] (+ bias), as
-    vnm_compact_ref(z, bias, v, n, m, c, seq) lays them out; ``seq``: causal over sequences of
-    that many tokens; ``tiling``: (rows of pass 1, rows of pass 2, warps), powers of two dividing
-    V (None: select_tiling(m, c))."""
+    vnm_compact_ref(z, bias, v, n, m, c, seq, score) lays them out; ``seq``: causal over sequences
+    of that many tokens, ``score``: scored on the previous block's last that many rows;
+    ``tiling``: (rows of pass 1, rows of pass 2, warps), powers of two dividing V (None:
+    select_tiling(m, c))."""
     if z.dtype not in _DTYPES or (bias is not None and bias.dtype != z.dtype):
         raise ValueError(f"vnm_select_chunks: z.dtype={z.dtype}, bias dtype must equal it and be one of {_DTYPES}")
     t, h = z.shape
@@ -146,7 +149,7 @@ def vnm_select_chunks(
             f"vnm_select_chunks: pattern {v}:{n}:{m} in chunks of {c} on z {tuple(z.shape)}: needs V % 16 == 0, "
             "M*c a power of two, N in (1, 2, 4), T % V == 0 and h % (M*c) == 0"
         )
-    _check(z, v, n, m, c, seq)  # the reference's checks, the causal sequence length among them
+    _check(z, v, n, m, c, seq, score)  # the reference's checks, the causal sequence length among them
     z = z if z.stride(1) == 1 else z.contiguous()
     kc = h * 4 // m
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)
@@ -157,7 +160,7 @@ def vnm_select_chunks(
         raise ValueError(f"vnm_select_chunks: tiling={tiling}: rows must be powers of two dividing V={v}")
     grid = (t // v, h // (m * c))
     _SELECT[grid](
-        z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v,
+        z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v, score or v,
         M=m, C=c, N=n, ROWS=rows, ROWS2=rows2, HAS_BIAS=bias is not None, CAUSAL=seq is not None,
         num_warps=warps,
     )  # fmt: skip

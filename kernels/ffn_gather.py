@@ -4,6 +4,8 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notatio
   F1  Z = X W1^T + b1                   cuBLAS (W1 arrives already 2:4-masked if configured), or
                                         cuSPARSELt on the compressed W~1 when given an algorithm id
       h_c, r_c, ids = select(Z)         one memory pass (activation_select_triton.py)
+      or, causal in chunks scored on S < V rows (N = 4, cuBLAS F1): Z on the scoring rows only,
+      then R~ on the kept chunks by the gather-N GEMM (chunk_score.py): no [T, h] Z
   F2  Y = h_c @ W2^T[ids] + b2          gather-K GEMM, K = h*4/M
   B1  dZ_c = (dY @ W2^T[ids]^T) * 2 r_c gather-N GEMM with the dZ epilogue
   B3  dX = dZ_c @ W1[ids]               gather-K GEMM
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.chunk_score import f1_scored_chunks
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
 from sparse_compile.kernels.chunk_wgrad_triton import (
     chunk_colsum,
@@ -74,21 +77,23 @@ def sqrelu_ffn_forward_gather(
     dense: frozenset[str] = frozenset(),
     chunk: int = 1,
     seq: int | None = None,
+    score: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
     ``chunk``: units per kept column (then F2 always gathers); ``seq``: the causal pattern over
-    sequences of that many tokens."""
+    sequences of that many tokens; ``score``: scored on the previous block's last that many rows
+    (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only)."""
     _check_chunk(v, m, chunk, dense)
-    if f1_alg is None:
-        z = F.linear(x, w1, b1)
+    if chunk > 1 and seq is not None and score is not None and score < v and n == 4 and f1_alg is None:
+        h_c, r_c, ids = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score)
     else:
-        z = cslt_linear(x, w1, b1, f1_alg)
-    if chunk > 1:
-        h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk, seq)
-    else:
-        h_c, r_c, ids = vnm_select_compact(z, None, v, n, m, seq=seq)
-    del z
+        z = F.linear(x, w1, b1) if f1_alg is None else cslt_linear(x, w1, b1, f1_alg)
+        if chunk > 1:
+            h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk, seq, score=score)
+        else:
+            h_c, r_c, ids = vnm_select_compact(z, None, v, n, m, seq=seq)
+        del z
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
     else:

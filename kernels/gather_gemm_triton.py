@@ -7,7 +7,9 @@ BLOCK_M rows inside one block multiplies against one set of gathered rows of a d
   gather_n_mm  C[T, Kc] = a[T, K] @ bt[ids, :]^T          N = Kc  (B1: a = dY, bt = W2^T [h, d])
                with the dZ epilogue: C = round(C) * 2 r   (r = compact relu(Z), 0 where a row drops)
                and optionally each row tile's column sums of C in float32 (db1's first step)
-               and H~ = round(r^2) (B2's operand: the epilogue has r loaded already)
+               and H~ = round(r^2) (B2's operand: the epilogue has r loaded already);
+               or with the activation epilogue (F1 on the kept chunks: a = X, bt = W1 [h, d]):
+               C = relu(round(C + b1[ids])) = R~, and H~ = round(R~^2)
 
 FLOPs are 2*T*N*Kc (resp. 2*T*K*Kc): M/4 times fewer than the dense GEMM over F. Bytes: the
 gathered operand is re-read once per BLOCK_M-row tile, like a dense B. Rows of b are contiguous
@@ -287,17 +289,19 @@ def _gather_k_kernel(
 
 @triton.jit
 def _gather_n_tile(
-    tile, a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+    tile, a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr, bias_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, B_T: tl.constexpr, CHUNK: tl.constexpr,
-    RUN: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr,
+    RUN: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] output tile of gather_n_mm. B_T: bt is stored transposed (element
     (f, k) at f + k * stride_bt), its gathered rows contiguous only along runs of CHUNK ids. RUN > 1
     with BLOCK_N dividing it: the tile's BLOCK_N ids are one run's consecutive units id0.., so each
     K step's bt tile is the slab at row id0 of b_desc (B_T: column id0 of bt^T), one bulk copy. SUMS:
-    sums [T/BLOCK_M, KC] float32 gets this tile's column sums of the stored (rounded) values."""
+    sums [T/BLOCK_M, KC] float32 gets this tile's column sums of the stored (rounded) values.
+    ACT: the activation epilogue, out = relu(round(acc + bias[ids])) (HAS_BIAS: with bias), and
+    with SQ, sq = round(out^2)."""
     pid_m, pid_n = _tile(tile, T, KC, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # compact columns
@@ -350,6 +354,17 @@ def _gather_n_tile(
         if SQ:  # H~ = R~^2 rounded once, as the scatter and chunk_wgrad(square=True) round it
             sq = (r.to(tl.float32) * r.to(tl.float32)).to(dtype)
             tl.store(sq_ptr + col0 + rm[:, None].to(tl.int64) * stride_out + cols[None, :], sq, mask=c_ok)
+    if ACT:  # R~ = relu(Z) with Z = round(X W1[ids]^T + b1[ids]), as F.linear rounds Z; H~ = round(R~^2)
+        if HAS_BIAS:
+            units = tl.load(ids_ptr + blk.to(tl.int64) * stride_ids + col0 + cols, mask=cols < KC - col0, other=0)
+            if CHUNK > 1:  # runs of CHUNK consecutive units: the bias in vector loads
+                units = tl.max_contiguous(tl.multiple_of(units, CHUNK), CHUNK)
+            acc += tl.load(bias_ptr + units).to(tl.float32)[None, :]
+        acc = tl.maximum(acc.to(dtype).to(tl.float32), 0.0)  # exact: relu of a rounded value
+        if SQ:
+            tl.store(
+                sq_ptr + col0 + rm[:, None].to(tl.int64) * stride_out + cols[None, :], (acc * acc).to(dtype), mask=c_ok
+            )
     val = acc.to(dtype)
     if SUMS:  # every row of the tile is in range: BLOCK_M divides V, V divides T
         s = tl.sum(val.to(tl.float32), axis=0)
@@ -360,30 +375,31 @@ def _gather_n_tile(
 
 @triton.autotune(
     configs=_configs(_TILES),
-    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "RUN", "SUMS", "SQ"],
+    key=["KC", "K", "V", "USE_TMA", "PERSISTENT", "B_T", "CHUNK", "RUN", "SUMS", "SQ", "ACT", "HAS_BIAS"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def _gather_n_kernel(
-    a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+    a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr, bias_ptr,
     T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
     HAS_R: tl.constexpr, IEEE: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
     B_T: tl.constexpr, CHUNK: tl.constexpr, RUN: tl.constexpr, SUMS: tl.constexpr, SQ: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     if PERSISTENT:
         tiles = tl.cdiv(T, BLOCK_M) * tl.cdiv(KC, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
             _gather_n_tile(
-                tile, a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+                tile, a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr, bias_ptr,
                 T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-                HAS_R, IEEE, USE_TMA, B_T, CHUNK, RUN, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                HAS_R, IEEE, USE_TMA, B_T, CHUNK, RUN, SUMS, SQ, ACT, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _gather_n_tile(
-            tl.program_id(0), a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr,
+            tl.program_id(0), a_ptr, a_desc, bt_ptr, b_desc, ids_ptr, r_ptr, out_ptr, sums_ptr, sq_ptr, bias_ptr,
             T, KC, K, V, stride_a, stride_bt, stride_ids, stride_r, stride_out,
-            HAS_R, IEEE, USE_TMA, B_T, CHUNK, RUN, SUMS, SQ, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            HAS_R, IEEE, USE_TMA, B_T, CHUNK, RUN, SUMS, SQ, ACT, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -468,6 +484,8 @@ def gather_n_mm(
     chunk: int = 1,
     tile_sums: bool = False,
     square_out: torch.Tensor | None = None,
+    act: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[T, Kc] = per block of V rows, a[block] @ bt[ids[block]]^T; with r [T, Kc]: round, then * 2 r.
 
@@ -478,10 +496,22 @@ def gather_n_mm(
     ``tile_sums``: also return the float32 column sums of the output over each tile of R rows,
     [T/R, Kc] (R = the tuned BLOCK_M, a divisor of V; row i sums output rows [i R, (i+1) R)), from
     the epilogue: db1's per-block sums without another read of the output.
-    ``square_out`` [T, Kc] (contiguous, a's dtype; needs r): the epilogue also writes round(r * r)
-    into it, H~ for B2, from the r it loads anyway (one more [T, Kc] write, no read).
+    ``square_out`` [T, Kc] (contiguous, a's dtype; needs r or act): the epilogue also writes
+    round(r * r) into it, H~ for B2, from the r it loads anyway (one more [T, Kc] write, no read).
+    ``act`` (no r, no tile_sums): the activation epilogue, relu(round(product + bias[ids])) with
+    ``bias`` [F] (or None) gathered by the ids: R~ of F1 on the kept chunks (X, W1), and with
+    square_out, H~ = round(R~^2).
     """
     tensors = {"a": a, "bt": bt, "ids": ids} | ({"r": r} if r is not None else {})
+    if act and (r is not None or tile_sums):
+        raise ValueError("gather_n_mm: act=True (the activation epilogue) takes no r and no tile_sums")
+    if bias is not None and (
+        not act or bias.shape != (bt.shape[0],) or bias.dtype != a.dtype or not bias.is_contiguous()
+    ):
+        raise ValueError(
+            f"gather_n_mm: bias {tuple(bias.shape)} {bias.dtype} needs act=True and a contiguous [{bt.shape[0]}] "
+            f"tensor of {a.dtype} (act={act})"
+        )
     bt_t = _check("gather_n_mm", v, "bt", chunk, **tensors)
     t, k = a.shape
     kc = ids.shape[1]
@@ -490,10 +520,15 @@ def gather_n_mm(
             f"gather_n_mm: shapes do not match V={v}: a {tuple(a.shape)}, bt {tuple(bt.shape)}, ids {tuple(ids.shape)}"
         )
     if square_out is not None and (
-        r is None or square_out.shape != (t, kc) or square_out.dtype != a.dtype or not square_out.is_contiguous()
+        (r is None and not act)
+        or square_out.shape != (t, kc)
+        or square_out.dtype != a.dtype
+        or not square_out.is_contiguous()
     ):
-        got = f"{tuple(square_out.shape)} {square_out.dtype}, r {'given' if r is not None else 'None'}"
-        raise ValueError(f"gather_n_mm: square_out must be contiguous [{t}, {kc}] of {a.dtype} with r given; got {got}")
+        got = f"{tuple(square_out.shape)} {square_out.dtype}, r {'given' if r is not None else 'None'}, act={act}"
+        raise ValueError(
+            f"gather_n_mm: square_out must be contiguous [{t}, {kc}] of {a.dtype} with r given or act; got {got}"
+        )
     out = torch.empty(t, kc, device=a.device, dtype=a.dtype)
     # rows for the narrowest row tile of any config; the tuned one fills the first T/BLOCK_M
     sums = torch.empty(t // _MIN_BLOCK_M, kc, device=a.device, dtype=torch.float32) if tile_sums else out
@@ -504,11 +539,12 @@ def gather_n_mm(
     _N_STORE.load(a.device)
     _GATHER_N[_grid(t, kc, a.device, persist)](
         a, _a_operand(a, use_tma), bt, b_desc, ids, r if r is not None else a, out, sums,
-        square_out if square_out is not None else out,
+        square_out if square_out is not None else out, bias if bias is not None else out,
         t, kc, k, v, a.stride(0), bt.stride(1) if bt_t else bt.stride(0), ids.stride(0),
         r.stride(0) if r is not None else 0, out.stride(0),
         HAS_R=r is not None, IEEE=a.dtype == torch.float32, USE_TMA=use_tma, PERSISTENT=persist,
         B_T=bt_t, CHUNK=min(chunk, _MIN_ID_TILE), RUN=run, SUMS=tile_sums, SQ=square_out is not None,
+        ACT=act, HAS_BIAS=bias is not None,
     )  # fmt: skip
     _N_STORE.save(a.device)
     if not tile_sums:

@@ -46,13 +46,15 @@ def kept_mass(
     c: int = 1,
     perms: list[torch.Tensor | None] | None = None,
     seq: int | None = None,
+    score: int | None = None,
 ) -> float:
     """The fraction of sum H that the V:N:M ``pattern`` (chunks of ``c``, causal over sequences of
-    ``seq`` tokens when given) keeps, pooled over the layers' H [T, F] in ``hs``; each taken as
-    ``h[:, perms[i]]`` where a permutation is given (the units in the order the op runs them)."""
+    ``seq`` tokens when given, scored on the previous block's last ``score`` rows when given) keeps,
+    pooled over the layers' H [T, F] in ``hs``; each taken as ``h[:, perms[i]]`` where a permutation
+    is given (the units in the order the op runs them)."""
     kept = total = 0.0
     for f in _in_op_order(hs, perms):
-        kept += (f * vnm_mask(f, *pattern, c, seq)).sum().item()
+        kept += (f * vnm_mask(f, *pattern, c, seq, score)).sum().item()
         total += f.sum().item()
     return kept / total
 
@@ -64,6 +66,7 @@ def static_share(
     perms: list[torch.Tensor | None] | None = None,
     seq: int | None = None,
     most: float = 0.9,
+    score: int | None = None,
 ) -> float:
     """How static the V:N:M ``pattern``'s choice of chunks is on the layers' H [T, F] in ``hs``
     (arguments as kept_mass): the fraction of the kept (block, chunk) pairs whose chunk at least
@@ -73,7 +76,7 @@ def static_share(
     v, n, m = pattern
     static = total = 0
     for f in _in_op_order(hs, perms):
-        cols = vnm_select(f, v, n, m, c, seq)[0]  # [T/V, groups, 4]: kept chunk ids in each group
+        cols = vnm_select(f, v, n, m, c, seq, score)[0]  # [T/V, groups, 4]: kept chunk ids in each group
         blocks, groups = cols.shape[:2]
         ids = cols.permute(1, 0, 2).reshape(groups, -1)  # [groups, T/V * 4]
         ones = torch.ones_like(ids, dtype=torch.float32)

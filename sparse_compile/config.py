@@ -70,6 +70,11 @@ class SparsityConfig:
         depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
         dim (a 2-D x is one sequence); its length must be a multiple of V at the site. False
         (default): a block's columns come from all of its V tokens, later ones included.
+    score_rows: with ``causal`` and ``chunk`` > 1, the rows of the previous block whose norms choose a block's chunks:
+        its last ``score_rows`` tokens (1 <= score_rows <= V). None (default): all V. Under V, the
+        forward computes Z = X W1^T + b1 in full only on those rows (and each sequence's first
+        token) and the kept chunks of every row on the gather GEMM (kernels/ffn_gather.py), about
+        1/4 + score_rows/V x 3/4 of F1's work instead of all of it; the choice sees fewer tokens.
     permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
         backend per site (identity at first; sparse_compile.recluster() refits it from the
         activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
@@ -107,6 +112,7 @@ class SparsityConfig:
     kernels: str = "auto"
     chunk: int = 1
     causal: bool = False
+    score_rows: int | None = None
     permute: bool = False
     min_hidden: int = 0
     small_ffn: str = "graphs"
@@ -138,6 +144,15 @@ class SparsityConfig:
                 f"SparsityConfig.causal=True needs V:N:M activations with V > 1 (2:4 and V = 1 choose per "
                 f"token and are causal already); got activations={self.activations!r}"
             )
+        if self.score_rows is not None:
+            v = None if no_blocks else parse_activation_pattern(self.activations)[0]
+            sr = self.score_rows
+            bad = isinstance(sr, bool) or not isinstance(sr, int) or not 1 <= sr <= (v or 0)
+            if bad or not self.causal or self.chunk < 2:
+                raise ValueError(
+                    f"SparsityConfig.score_rows={sr!r}: expected None or an int in [1, V] (V={v}) with causal=True "
+                    f"and chunk > 1 (causal={self.causal!r}, chunk={self.chunk}, activations={self.activations!r})"
+                )
         if not isinstance(self.permute, bool):
             raise ValueError(f"SparsityConfig.permute={self.permute!r}: expected True or False")
         if self.permute and no_blocks:
@@ -194,6 +209,7 @@ class SparsityConfig:
             f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
             + (f";chunk={self.chunk}" if self.chunk > 1 else "")
             + (";causal=1" if self.causal else "")
+            + (f";score={self.score_rows}" if self.score_rows is not None else "")
         )
 
 

@@ -38,6 +38,8 @@ def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
         a += f"c{config.chunk}"  # in chunks of c units
     if a and config.causal:
         a += " causal"  # columns chosen from earlier tokens
+    if a and config.score_rows is not None:
+        a += f" s{config.score_rows}"  # ... on the last score_rows tokens of the previous block
 
     def both(*parts: str) -> str:
         return "+".join(p for p in parts if p) or "dense"
@@ -169,6 +171,7 @@ class Report:
             f"(config: weights={c.weights}, activations={c.activations}"
             + (f", chunk={c.chunk}" if c.chunk > 1 else "")
             + (", causal" if c.causal else "")
+            + (f", score_rows={c.score_rows}" if c.score_rows is not None else "")
             + (", permute" if c.permute else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"
         )

@@ -36,6 +36,6 @@ def oracle_ffn(x, w1, b1, w2, b2, config: SparsityConfig):
         h2 = h.reshape(-1, h.shape[-1])
         if h2.shape[0] % pattern[0] == 0:
             seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
-            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq).reshape(h.shape)
+            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows).reshape(h.shape)
     y = F.linear(h, w2l, b2l)
     return y, leaves

@@ -52,7 +52,7 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
         h2 = h.reshape(-1, h.shape[-1])
         if pattern is not None and h2.shape[0] % pattern[0] == 0:
             seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
-            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq).reshape(h.shape)
+            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows).reshape(h.shape)
         x = x + F.linear(h, ste(b.proj.weight), b.proj.bias)
     return x
 

@@ -1,6 +1,8 @@
 """sparse_compile.clustering: the permutation is valid, finds planted structure, raises kept mass,
 and leaves a dense FFN's function unchanged; bench.cluster_probe runs on the CPU."""
 
+import csv
+
 import pytest
 import torch
 
@@ -102,6 +104,14 @@ def test_cluster_probe_runs_on_cpu(tmp_path, capsys):
     assert main(argv) == 0
     text = csv_path.read_text()
     assert "stale (previous fit)" in text and "chunks only" in text and "clustered" in text
+    # --score-rows: the causal pattern on all rows and on the last S, its agreement 1 with itself
+    argv = ["--fit-at", "2", "--patterns", "32:4:8c4", "--corpus", "stdlib", "--eval-batches", "1", "--no-cluster",
+            "--score-rows", "32,4", "--data-dir", str(tmp_path / "data"), "--csv", str(csv_path)]  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["variant"]: r for r in csv.DictReader(csv_path.open())}
+    assert set(rows) == {"causal", "causal, last 32 rows", "causal, last 4 rows"}
+    assert float(rows["causal"]["agree"]) == 1.0 and rows["causal"]["kept"] == rows["causal, last 32 rows"]["kept"]
+    assert 0.0 < float(rows["causal, last 4 rows"]["agree"]) < 1.0
 
 
 def test_static_share_tells_a_fixed_choice_from_a_varying_one():

@@ -129,7 +129,7 @@ def test_gather_n_writes_the_squared_operand(dtype, persistent):
     assert (sq != 0).float().mean() > 0.3
     want, want_sums = gather_n_mm(a, bt, ids, 32, r_c, persistent=persistent, tile_sums=True)
     assert torch.equal(out, want) and torch.equal(sums, want_sums)
-    with pytest.raises(ValueError, match=r"square_out must be .* with r given; got \(96, 36\) .* r None"):
+    with pytest.raises(ValueError, match=r"square_out must be .* with r given or act; got \(96, 36\) .* r None"):
         gather_n_mm(a, bt, ids, 32, None, square_out=sq)
     with pytest.raises(ValueError, match=r"square_out must be contiguous \[96, 36\].*got \(96, 35\)"):
         gather_n_mm(a, bt, ids, 32, r_c, square_out=sq[:, :35])

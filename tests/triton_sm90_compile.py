@@ -139,7 +139,8 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         # for F2 and B1, W1's rows for B3) where the id tile divides 128 (gather_n: BLOCK_N 128 only)
         for tma, persistent, b_t, run in ((False, False, False, 1), (True, False, False, 1), (True, True, False, 1),
                                           (True, False, True, 1), (True, True, True, 1), (True, False, True, 128),
-                                          (True, False, False, 128), (True, True, True, 128)):  # fmt: skip
+                                          (True, False, False, 128), (True, True, True, 128),
+                                          (True, True, False, 128)):  # fmt: skip
             a_desc = f"tensordesc<bf16[{bm},{bk}]>" if tma else "*bf16"
             suffix = (" TMA" if tma else "") + (" persistent" if persistent else "") + (" chunk W^T" if b_t else "")
             suffix += " slabs" if run > 1 else ""
@@ -153,18 +154,25 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 types |= {"out_ptr": "*bf16", "b_desc": k_desc if run > 1 else "*bf16"}
                 label = f"gather_k{suffix} {cfg.kwargs}"
                 cases.append((label, gemm._gather_k_kernel.fn, _sig(names, ce, types), ce, launch_k))
-            if run > 1 and (not b_t or run % bn):  # B1 reads W2 in place; its slabs need BLOCK_N | 128
+            if run > 1 and run % bn:  # the slabs need BLOCK_N | 128
                 continue
-            # the chunk path's B1 also writes its row tiles' column sums (db1's first step) and H~ for B2
-            ce = dict(cfg.kwargs, HAS_R=True, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t, SQ=b_t)
-            ce |= chunk
-            names = "a_ptr a_desc bt_ptr b_desc ids_ptr r_ptr out_ptr sums_ptr sq_ptr T KC K V stride_a stride_bt "
-            names += "stride_ids stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK RUN SUMS SQ BLOCK_M "
-            names += "BLOCK_N BLOCK_K GROUP_M"
+            # the chunk path's B1 (W2 in place) also writes its row tiles' column sums (db1's first step)
+            # and H~ for B2; F1 on the kept chunks (W1's rows as slabs, run 128, not b_t) the activation
+            # epilogue: R~ = relu(round(X W1[ids]^T + b1[ids])) and H~
+            act = run > 1 and not b_t
+            ce = dict(cfg.kwargs, HAS_R=not act, IEEE=False, USE_TMA=tma, PERSISTENT=persistent, SUMS=b_t)
+            ce |= chunk | {"SQ": b_t or act, "ACT": act, "HAS_BIAS": act}
+            names = "a_ptr a_desc bt_ptr b_desc ids_ptr r_ptr out_ptr sums_ptr sq_ptr bias_ptr T KC K V stride_a "
+            names += "stride_bt stride_ids stride_r stride_out HAS_R IEEE USE_TMA PERSISTENT B_T CHUNK RUN SUMS SQ "
+            names += "ACT HAS_BIAS BLOCK_M BLOCK_N BLOCK_K GROUP_M"
             types = {"a_ptr": "*bf16", "a_desc": a_desc, "bt_ptr": "*bf16", "ids_ptr": "*i32", "r_ptr": "*bf16"}
-            types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32", "sq_ptr": "*bf16"}
-            types["b_desc"] = f"tensordesc<bf16[{bk},{bn}]>" if run > 1 else "*bf16"
-            label = f"gather_n{suffix}{' sums H~' if b_t else ''} {cfg.kwargs}"
+            types |= {"out_ptr": "*bf16", "sums_ptr": "*fp32", "sq_ptr": "*bf16", "bias_ptr": "*bf16"}
+            if run > 1:
+                types["b_desc"] = f"tensordesc<bf16[{bk},{bn}]>" if b_t else f"tensordesc<bf16[{bn},{bk}]>"
+            else:
+                types["b_desc"] = "*bf16"
+            what = " sums H~" if b_t else " F1 relu H~" if act else ""
+            label = f"gather_n{suffix}{what} {cfg.kwargs}"
             cases.append((label, gemm._gather_n_kernel.fn, _sig(names, ce, types), ce, launch))
     # N = 2 ranks the kept chunks' entries; N = 4 keeps them all (the causal 128:4:16 and 128:4:8 of bench.e2e)
     selects = [(16, 32, 2, False), (8, 64, 2, False), (16, 16, 2, False), (16, 64, 4, True), (8, 64, 4, True)]
@@ -172,7 +180,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     for m, c, n, causal in selects:
         rows, rows2, warps = chunk_select.select_tiling(m, c)
         ce = {"M": m, "C": c, "N": n, "ROWS": rows, "ROWS2": rows2, "HAS_BIAS": False, "CAUSAL": causal}
-        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS M C N ROWS ROWS2 "
+        names = "z_ptr bias_ptr hc_ptr rc_ptr ids_ptr V stride_z stride_c stride_ids SEQ_BLOCKS S M C N ROWS ROWS2 "
         names += "HAS_BIAS CAUSAL"
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
         label = f"chunk select M={m} c={c} N={n}" + (" causal" if causal else "")

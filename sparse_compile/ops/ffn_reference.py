@@ -42,7 +42,7 @@ def sqrelu_ffn(
     seq = causal_seq(op, x) if pattern is not None else None
     if op.units is not None and pattern is not None:
         w1, b1, w2 = units.forward_weights(op.units, op.activations, op.chunk, x2, w1, b1, w2)
-    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq)
+    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
 

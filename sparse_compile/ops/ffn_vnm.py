@@ -48,7 +48,7 @@ def sqrelu_ffn_vnm(
     if op.units is not None:
         w1, b1, w2 = units.forward_weights(op.units, (v, n, m), op.chunk, x2, w1, b1, w2)
     y, r_c, ids = sqrelu_ffn_forward_gather(
-        x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x)
+        x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x), op.score
     )
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
 

@@ -100,6 +100,35 @@ def test_chunk_wgrad_tail_schedule_at_the_2_7b_shape(kept, square, transpose):
     assert torch.equal(got[unkept], torch.zeros_like(got[unkept]))
 
 
+@pytest.mark.parametrize("score", [16, 32])
+def test_f1_on_the_scoring_rows_at_the_2_7b_shape(score):
+    """f1_scored_chunks (Z on the scoring rows by cuBLAS, R~ and H~ on the kept chunks by the
+    gather-N GEMM's activation epilogue) at (16384, 3072, 12288), causal 128:4:16 in chunks of 128,
+    sequences of 2048, bf16, outputs poisoned: against the selection kernel on the full Z, the same
+    chunks for >= 98% of the (block, group) choices (Z's rows come from cuBLAS on fewer rows: chunk
+    norms a rounding apart may swap), and R~, H~ to bf16 rounding wherever the units agree."""
+    import torch.nn.functional as F
+
+    from sparse_compile.kernels.chunk_score import f1_scored_chunks
+    from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+
+    t, d, h, c = 16384, 3072, 12288, 128
+    g = torch.Generator(device="cuda").manual_seed(score)
+    x = torch.randn(t, d, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(h, d, device="cuda", generator=g) * d**-0.5).bfloat16()
+    b1 = (torch.randn(h, device="cuda", generator=g) * 0.1).bfloat16()
+    _poison()
+    h_c, r_c, ids = f1_scored_chunks(x, w1, b1, 128, 16, c, 2048, score)
+    want_h, want_r, want_ids = vnm_select_chunks(F.linear(x, w1, b1), None, 128, 4, 16, c, 2048, score=score)
+    groups = (ids == want_ids).view(t // 128, -1, 4 * c).all(-1)  # [blocks, groups]
+    print(f"score {score}: {groups.float().mean().item():.4f} of the (block, group) choices agree")
+    assert groups.float().mean().item() >= 0.98
+    same = (ids == want_ids).repeat_interleave(128, dim=0)
+    assert torch.isfinite(r_c).all() and (r_c >= 0).all()
+    assert _rel(r_c[same], want_r[same]) < 1e-2 and _rel(h_c[same], want_h[same]) < 1e-2
+    assert torch.equal(h_c, (r_c.float() * r_c.float()).bfloat16())
+
+
 @pytest.mark.parametrize("c", [16, 32, 64, 128])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_gathers_read_w2_in_place(c, persistent):
