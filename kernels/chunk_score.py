@@ -6,7 +6,8 @@ S, or, for a sequence's first block, its first token's row. So F1 = X W1^T + b1 
 computed in full on every row:
   Z_s  = X[rows] W1^T + b1          cuBLAS on R = T/V x S + T/seq scoring rows (S/V of F1)
   ids  = the 4 chunks of largest L1 norm of round(relu(Z_s))^2 per (block, group), ranked as
-         block_scores ranks them (float32 sums, ties to the lower chunk)
+         block_scores ranks them (float32 sums, ties to the lower chunk): the selection kernel's
+         pass 1 (chunk_select_triton._choose_chunks), one launch, no host sync
   R~   = relu(round(X W1[ids]^T + b1[ids])), H~ = round(R~^2)
                                     gather_n_mm's activation epilogue (1/4 of F1 at keep 1/4)
 so F1 costs about (S/V + 4/M) of the dense GEMM, and Z [T, h] is never written. The N = 4
@@ -17,33 +18,55 @@ seq, score) on the full Z (equal up to the rounding of cuBLAS against the gather
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-from sparse_compile.kernels.activation_mask import chosen_cols, kept_ids, top_k_mask
+from sparse_compile.kernels.chunk_select_triton import _choose_chunks, select_tiling
 from sparse_compile.kernels.gather_gemm_triton import gather_n_mm
+from sparse_compile.kernels.launch import FastLaunch
 
 
-def scoring_rows(t: int, v: int, score: int, seq: int, device: torch.device) -> torch.Tensor:
-    """int64 [T/V x S + T/seq]: the last ``score`` rows of every block of V, block by block, then the
-    first row of every sequence of ``seq`` tokens (each sequence's last block's rows score nothing:
-    kept to keep the layout one stride)."""
+def scoring_rows(x: torch.Tensor, v: int, score: int, seq: int) -> torch.Tensor:
+    """x's scoring rows [T/V x S + T/seq, d]: the last ``score`` rows of every block of V, block by
+    block, then the first row of every sequence of ``seq`` tokens (each sequence's last block's rows
+    score nothing: kept to keep the layout one stride). One copy of S/V of x."""
+    t, d = x.shape
     if score < 1 or score > v or t % seq or seq % v:
         raise ValueError(f"scoring_rows: score={score} (1..V={v}), seq={seq} (a multiple of V dividing T={t})")
-    blocks = torch.arange(t // v, device=device)[:, None] * v + (v - score) + torch.arange(score, device=device)
-    return torch.cat([blocks.reshape(-1), torch.arange(t // seq, device=device) * seq])
+    return torch.cat([x.view(t // v, v, d)[:, v - score :].reshape(-1, d), x.view(t // seq, seq, d)[:, 0]])
+
+
+@triton.jit
+def _chunk_score_kernel(
+    zs_ptr, ids_ptr, stride_z, stride_ids, NB, S, SEQ_BLOCKS,
+    M: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """Program (blk, g): block blk's 4 chunks of group g from Z_s (scoring_rows order): the S rows
+    of block blk - 1, or a sequence's first block's first row (row NB * S + its sequence)."""
+    blk = tl.program_id(0)
+    starts = blk % SEQ_BLOCKS == 0
+    src0 = tl.where(starts, NB * S + blk // SEQ_BLOCKS, (blk - 1) * S).to(tl.int64)
+    scored = tl.where(starts, 1, S)
+    _choose_chunks(zs_ptr, zs_ptr, ids_ptr, blk, tl.program_id(1), src0, scored, S, stride_z, stride_ids,
+                   M, C, ROWS, False)  # fmt: skip
+
+
+_SCORE = FastLaunch(_chunk_score_kernel)
 
 
 def scored_ids(zs: torch.Tensor, t: int, v: int, m: int, c: int, seq: int, score: int) -> torch.Tensor:
     """int32 [T/V, F*4/M]: the kept units of every block from Z_s (the scoring rows' Z, in
-    scoring_rows order), as vnm_compact_ref(z, ..., seq, score) chooses them from the full Z."""
+    scoring_rows order), as vnm_compact_ref(z, ..., seq, score) chooses them from the full Z: one
+    launch of pass 1 of the selection kernel (no host sync)."""
     nb, f = t // v, zs.shape[1]
-    r = torch.relu(zs)
-    h = r * r  # rounded to Z's dtype, as the reference squares
-    own = h[: nb * score].reshape(nb, score, f // (m * c), m, c).sum(dim=(1, 4), dtype=torch.float32)
-    first = h[nb * score :].reshape(t // seq, f // (m * c), m, c).sum(dim=-1, dtype=torch.float32)
-    starts = torch.arange(nb, device=zs.device) % (seq // v) == 0
-    scores = torch.cat([own[:1], own[:-1]])  # block j scored by block j - 1 ...
-    scores[starts] = first  # ... a sequence's first block by its first row
-    return kept_ids(chosen_cols(top_k_mask(scores, 4)), m, c)
+    if zs.shape[0] != nb * score + t // seq or f % (m * c) or zs.stride(1) != 1:
+        raise ValueError(f"scored_ids: zs {tuple(zs.shape)}; expected [{nb * score + t // seq}, a multiple of {m * c}]")
+    ids = torch.empty(nb, f * 4 // m, device=zs.device, dtype=torch.int32)
+    rows, _, warps = select_tiling(m, c)
+    _SCORE[(nb, f // (m * c))](
+        zs, ids, zs.stride(0), ids.stride(0), nb, score, seq // v, M=m, C=c, ROWS=rows, num_warps=warps
+    )  # fmt: skip
+    return ids
 
 
 def f1_scored_chunks(
@@ -52,8 +75,7 @@ def f1_scored_chunks(
     """(h_c, r_c, ids) of the causal V:4:M pattern in chunks of c scored on ``score`` rows, for
     Z = x [T, d] w1 [h, d]^T + b1: as vnm_select_chunks(z, ...) returns them, without Z."""
     t = x.shape[0]
-    rows = scoring_rows(t, v, score, seq, x.device)
-    ids = scored_ids(F.linear(x.index_select(0, rows), w1, b1), t, v, m, c, seq, score)
+    ids = scored_ids(F.linear(scoring_rows(x, v, score, seq), w1, b1), t, v, m, c, seq, score)
     h_c = torch.empty(t, ids.shape[1], device=x.device, dtype=x.dtype)
     r_c = gather_n_mm(x, w1, ids, v, chunk=c, act=True, bias=b1, square_out=h_c)
     return h_c, r_c, ids

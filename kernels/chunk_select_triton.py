@@ -41,29 +41,19 @@ def _relu_sq(z_ptr, bias_ptr, offs, cols, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _chunk_select_kernel(
-    z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids, SEQ_BLOCKS, S,
-    M: tl.constexpr, C: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, ROWS2: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+def _choose_chunks(
+    z_ptr, bias_ptr, ids_ptr, blk, g, src0, scored, LOOP, stride_z, stride_ids,
+    M: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
-    """CAUSAL: pass 1 scores the last S rows of block blk - 1 of the sequence (SEQ_BLOCKS blocks
-    per sequence), or only the first row of a sequence's first block (S = V without CAUSAL).
-    ROWS: rows per step of pass 1 ([ROWS, M*C] tiles), ROWS2 of pass 2 ([ROWS2, 4*C])."""
-    blk = tl.program_id(0)
-    g = tl.program_id(1)
+    """Pass 1 of one (block, group): the float32 L1 norms of relu(z + b)^2 over the ``scored`` rows
+    from row ``src0`` (LOOP >= scored rows walked, ROWS at a time) and each of the M chunks' C columns
+    of group g; the 4 largest (ties to the lower chunk) stored to ids row blk as absolute unit ids,
+    ascending. Returns them [4, C], slot-major."""
     W: tl.constexpr = M * C
-    row0 = blk.to(tl.int64) * V
     rr = tl.arange(0, ROWS)
     col = g * W + tl.arange(0, W)
     acc = tl.zeros((ROWS, W), dtype=tl.float32)
-    if CAUSAL:
-        starts = blk % SEQ_BLOCKS == 0
-        src0 = tl.where(starts, row0, row0 - S)  # first row pass 1 scores
-        scored = tl.where(starts, 1, S)  # the rows that count
-    else:
-        src0 = row0
-        scored = V
-    for k in range(0, S, ROWS):
+    for k in range(0, LOOP, ROWS):
         rows = src0 + k + rr
         _, hh = _relu_sq(z_ptr, bias_ptr, rows[:, None] * stride_z + col[None, :], col[None, :], HAS_BIAS)
         acc += tl.where((k + rr < scored)[:, None], hh.to(tl.float32), 0.0)
@@ -78,6 +68,30 @@ def _chunk_select_kernel(
     unit = g * W + kept[:, None] * C + oc[None, :]  # [4, C] absolute ids, slot-major
     out_col = g * 4 * C + s4[:, None] * C + oc[None, :]
     tl.store(ids_ptr + blk.to(tl.int64) * stride_ids + out_col, unit.to(tl.int32))
+    return unit
+
+
+@triton.jit
+def _chunk_select_kernel(
+    z_ptr, bias_ptr, hc_ptr, rc_ptr, ids_ptr, V, stride_z, stride_c, stride_ids, SEQ_BLOCKS, S,
+    M: tl.constexpr, C: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, ROWS2: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """CAUSAL: pass 1 scores the last S rows of block blk - 1 of the sequence (SEQ_BLOCKS blocks
+    per sequence), or only the first row of a sequence's first block (S = V without CAUSAL).
+    ROWS: rows per step of pass 1 ([ROWS, M*C] tiles), ROWS2 of pass 2 ([ROWS2, 4*C])."""
+    blk = tl.program_id(0)
+    g = tl.program_id(1)
+    row0 = blk.to(tl.int64) * V
+    if CAUSAL:
+        starts = blk % SEQ_BLOCKS == 0
+        src0 = tl.where(starts, row0, row0 - S)  # first row pass 1 scores
+        scored = tl.where(starts, 1, S)  # the rows that count
+    else:
+        src0 = row0
+        scored = V
+    unit = _choose_chunks(z_ptr, bias_ptr, ids_ptr, blk, g, src0, scored, S, stride_z, stride_ids, M, C, ROWS, HAS_BIAS)
+    s4 = tl.arange(0, 4)
     # the kept units come in runs of C from multiples of C, the output columns are one run of 4C:
     # said to the compiler, pass 2 reads and writes whole vectors (without it, one 16-bit access
     # per element: 0.591 ms at (16384, 8192), 128:4:8 c 64, H100, 0.30 of copy bandwidth)

@@ -71,7 +71,7 @@ def test_select_kernel_scores_the_last_rows(interpreter, n, dtype):
             assert torch.equal(a, r), name
 
 
-def test_scored_ids_from_the_scoring_rows_equal_the_reference():
+def test_scored_ids_from_the_scoring_rows_equal_the_reference(interpreter):
     """scoring_rows + scored_ids (Z on T/V x S + T/seq rows) choose what the reference chooses
     from the full Z (float32: F.linear's rows do not depend on the other rows here)."""
     from sparse_compile.kernels.chunk_score import scored_ids, scoring_rows
@@ -81,12 +81,13 @@ def test_scored_ids_from_the_scoring_rows_equal_the_reference():
     x, w1, b1 = torch.randn(t, d, generator=g), torch.randn(h, d, generator=g), torch.randn(h, generator=g)
     z = F.linear(x, w1, b1)
     for s in (1, 4, 32):
-        rows = scoring_rows(t, v, s, seq, x.device)
-        assert rows.numel() == t // v * s + t // seq
+        rows = torch.cat([(torch.arange(t // v)[:, None] * v + v - s + torch.arange(s)).reshape(-1),
+                          torch.arange(t // seq) * seq])  # fmt: skip
+        assert torch.equal(scoring_rows(x, v, s, seq), x[rows])
         want = vnm_compact_ref(z, None, v, 4, m, c, seq, s)[2]
         assert torch.equal(scored_ids(z[rows], t, v, m, c, seq, s), want), s
     with pytest.raises(ValueError, match="score=0"):
-        scoring_rows(t, v, 0, seq, x.device)
+        scoring_rows(x, v, 0, seq)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.float32, 1e-5)])

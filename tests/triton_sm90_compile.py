@@ -38,6 +38,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sparse_compile.kernels import act24_cslt_triton as act24_cslt  # noqa: E402
 from sparse_compile.kernels import activation_24_triton as act24  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
+from sparse_compile.kernels import chunk_score  # noqa: E402
 from sparse_compile.kernels import chunk_select_triton as chunk_select  # noqa: E402
 from sparse_compile.kernels import chunk_wgrad_triton as chunk_wgrad  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
@@ -185,6 +186,13 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         types = {k: "*bf16" for k in ("z_ptr", "bias_ptr", "hc_ptr", "rc_ptr")} | {"ids_ptr": "*i32"}
         label = f"chunk select M={m} c={c} N={n}" + (" causal" if causal else "")
         cases.append((label, chunk_select._chunk_select_kernel, _sig(names, ce, types), ce, {"num_warps": warps}))
+    # the chunk choice from the scoring rows (score_rows): the selection's pass 1 alone, 128:4:16 c = 128
+    ce = {"M": 16, "C": 128, "ROWS": 4}
+    names = "zs_ptr ids_ptr stride_z stride_ids NB S SEQ_BLOCKS M C ROWS"
+    types = {"zs_ptr": "*bf16", "ids_ptr": "*i32"}
+    cases.append(
+        ("chunk score M=16 c=128", chunk_score._chunk_score_kernel, _sig(names, ce, types), ce, {"num_warps": 8})
+    )
     # (c, square, split, units_m, BLOCK_D, warps): the default B2/B4 tiles and B4's units-along-M one
     wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]
     wgrad += [(64, False, 4, False, 128, 4), (64, True, 1, False, 256, 8)]
@@ -258,6 +266,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
 VECTORIZED = (
     "chunk wgrad",
     "chunk select",
+    "chunk score",
     "select 128:2:16",
     "select 64:2:8",
     "activation 2:4",
