@@ -33,7 +33,7 @@ def scoring_rows(x: torch.Tensor, v: int, score: int, seq: int) -> torch.Tensor:
     t, d = x.shape
     if score < 1 or score > v or t % seq or seq % v:
         raise ValueError(f"scoring_rows: score={score} (1..V={v}), seq={seq} (a multiple of V dividing T={t})")
-    return torch.cat([x.view(t // v, v, d)[:, v - score :].reshape(-1, d), x.view(t // seq, seq, d)[:, 0]])
+    return torch.cat([x.reshape(t // v, v, d)[:, v - score :].reshape(-1, d), x.reshape(t // seq, seq, d)[:, 0]])
 
 
 @triton.jit
