@@ -70,11 +70,13 @@ class SparsityConfig:
         depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
         dim (a 2-D x is one sequence); its length must be a multiple of V at the site. False
         (default): a block's columns come from all of its V tokens, later ones included.
-    score_rows: with ``causal`` and ``chunk`` > 1, the rows of the previous block whose norms choose a block's chunks:
-        its last ``score_rows`` tokens (1 <= score_rows <= V). None (default): all V. Under V, the
-        forward computes Z = X W1^T + b1 in full only on those rows (and each sequence's first
-        token) and the kept chunks of every row on the gather GEMM (kernels/ffn_gather.py), about
-        1/4 + score_rows/V x 3/4 of F1's work instead of all of it; the choice sees fewer tokens.
+    score_rows: with ``causal`` and ``chunk`` > 1, the rows of the previous block whose norms choose
+        a block's chunks: its last ``score_rows`` tokens (1 <= score_rows <= V). None (default): all
+        V. Under V (and N = 4), the forward computes Z = X W1^T + b1 in full only on those rows (and
+        each sequence's first token) and on the kept chunks of every row (the gather GEMM;
+        kernels/chunk_score.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
+        of 128, keep 1/4); the choice sees fewer tokens. 1.3B, H100: 1.471x a dense step at 16
+        against the default's 1.371x; quality not yet measured (bench/RESULTS.md section 2).
     permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
         backend per site (identity at first; sparse_compile.recluster() refits it from the
         activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
