@@ -25,6 +25,9 @@ Per (T, d, h), pattern and chunk size, medians of triton.testing.do_bench:
                db1 from dZ~ (one more read of dZ~); the check: the two dZ~'s and db1's relative differences
   B1 + B2      B1's epilogue also writing H~ = round(r_c^2), then B2 on it (the op's path), against B1
                and then B2 squaring r_c on its way to the MMA; and B1 with and without the H~ write
+               and the row-tile sums
+  F1 kept      (N = 4) F1 on the kept chunks, the gather-N GEMM with the activation epilogue (score_rows'
+               forward), against B1 on the same shape and cuBLAS on the compact width (ceiling ms)
   csr          building the per-chunk block lists (once per step, shared by B2 and B4): the one-launch
                kernel against the torch version
 Every row checks its output first (selection bit-exact against vnm_compact_ref; B2/B4 against
@@ -290,6 +293,26 @@ def measure(
                  "baseline": "B1, then B2 squaring r_c", "baseline ms": _ms(lambda: b1_b2(False))})  # fmt: skip
     rows.append({**label, "kernel": "B1 writing H~", "ms": _ms(lambda: b1(square_out=sq)), "check": True,
                  "baseline": "B1", "baseline ms": _ms(b1)})  # fmt: skip
+
+    def b1_plain():  # the dZ epilogue alone
+        return gather_n_mm(dy, w2.t(), ids, v, r_c, chunk=c)
+
+    rows.append({**label, "kernel": "B1 without the row-tile sums", "ms": _ms(b1_plain), "check": True,
+                 "baseline": "B1", "baseline ms": _ms(b1)})  # fmt: skip
+    if n == 4:  # F1 on the kept chunks (score_rows): the same GEMM shape as B1, the activation epilogue
+        b1_bias = (torch.randn(h, device="cuda", generator=g) * 0.1).bfloat16()
+        sq_act = torch.empty_like(r_c)
+
+        def f1_kept():
+            return gather_n_mm(x, w1, ids, v, chunk=c, act=True, bias=b1_bias, square_out=sq_act)
+
+        want = torch.relu(torch.nn.functional.linear(x, w1, b1_bias)).gather(1, ids.long().repeat_interleave(v, dim=0))
+        ceiling = _ms(lambda: torch.nn.functional.linear(x, w1[:kc], b1_bias[:kc]))
+        act_ms = _ms(f1_kept)
+        rows.append({**label, "kernel": "F1 on the kept chunks (activation epilogue)", "ms": act_ms,
+                     "of ceiling": ceiling / act_ms, "check": f"rel {_rel(f1_kept(), want):.1e}",
+                     "baseline": "B1 (same shape, dZ epilogue)", "baseline ms": _ms(b1),
+                     "ceiling ms": ceiling})  # fmt: skip
     _, r1, ids1 = vnm_select_compact(z, None, v, n, m)
 
     def scatter_path():  # what chunk 1 runs for B2 + B4: scatter, dense GEMM, twice
