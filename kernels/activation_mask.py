@@ -17,7 +17,7 @@ chosen from the tokens before it, so no token's output depends on a later token.
 a sequence is scored by the norms of block j - 1 (with ``score`` S < V: of its last S rows only,
 the tokens right before block j); a sequence's first block by its first token's row alone.
 Scoring on S rows lets a forward compute Z = X W1^T + b1 in full only on those rows and the kept
-chunks elsewhere (kernels/ffn_gather.py): the chunks of block j are known before its Z is.
+chunks elsewhere (kernels/chunk_score.py): the chunks of block j are known before its Z is.
 The in-row choice is per token, causal either way. Without ``seq`` a block's columns
 are chosen from all V of its tokens, later ones included: token t's kept columns then carry
 information about tokens t+1 .. of its block, which a causal LM can learn to read.
@@ -126,7 +126,8 @@ def vnm_select(
     chosen, mask = _vnm(h, v, n, m, c, seq, score)
     t, f = h.shape
     g = f // (m * c)
-    cols = chosen_cols(chosen)
+    ids = torch.arange(m, device=h.device).expand_as(chosen)
+    cols = torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
     keep = torch.gather(mask, 3, cols[:, None, :, :, None].expand(t // v, v, g, 4, c))
     return cols, keep.reshape(t, g, 4 * c)
 
@@ -161,21 +162,6 @@ def vnm_compact_abs_ref(x: torch.Tensor, v: int, n: int, m: int) -> tuple[torch.
     return x_c, ids
 
 
-def kept_ids(cols: torch.Tensor, m: int, c: int) -> torch.Tensor:
-    """int32 [T/V, F*4/M]: the absolute unit ids of the compact columns, from ``cols`` [T/V, F/(M c),
-    4] (the kept chunks of each group, ascending, as vnm_select returns them)."""
-    nb, groups = cols.shape[:2]
-    g = torch.arange(groups, device=cols.device)[:, None, None] * (m * c)
-    return (g + cols[..., None] * c + torch.arange(c, device=cols.device)).reshape(nb, groups * 4 * c).to(torch.int32)
-
-
-def chosen_cols(chosen: torch.Tensor) -> torch.Tensor:
-    """int64 [..., 4]: the ids of the 4 chosen of M (``chosen`` bool [..., M]), ascending."""
-    m = chosen.shape[-1]
-    ids = torch.arange(m, device=chosen.device).expand_as(chosen)
-    return torch.where(chosen, ids, m + ids).sort(dim=-1).values[..., :4]  # unchosen ids sort last
-
-
 def _compact(
     ranked: torch.Tensor,
     values: tuple[torch.Tensor, ...],
@@ -190,7 +176,8 @@ def _compact(
     row drops the entry), and the int32 ids of the compact columns."""
     cols, keep = vnm_select(ranked, v, n, m, c, seq, score)
     t, f = ranked.shape
-    ids = kept_ids(cols, m, c)
-    rows = ids.long().repeat_interleave(v, dim=0)
+    g = torch.arange(f // (m * c), device=ranked.device)[:, None, None] * (m * c)
+    ids = (g + cols[..., None] * c + torch.arange(c, device=ranked.device)).reshape(t // v, f * 4 // m)
+    rows = ids.repeat_interleave(v, dim=0)
     keep = keep.reshape(t, f * 4 // m)
-    return tuple(x.gather(1, rows) * keep for x in values), ids
+    return tuple(x.gather(1, rows) * keep for x in values), ids.to(torch.int32)

@@ -10,6 +10,13 @@ if not torch.cuda.is_available():
 import sparse_compile
 
 
+@pytest.fixture
+def interpreter(monkeypatch):
+    """Triton kernels on CPU tensors: the interpreter, for this test."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert os.environ["TRITON_INTERPRET"] == "1"
+
+
 @pytest.fixture(autouse=True)
 def _fresh_state():
     """Each test starts in the sparse phase with empty Dynamo caches and counters."""

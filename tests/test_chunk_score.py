@@ -2,20 +2,12 @@
 reference, the selection kernel, F1 on the scoring rows plus the gather GEMM's activation epilogue
 (Triton interpreter, fp16/fp32), the config field and the compiled model against the oracle."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sparse_compile import SparsityConfig
 from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert os.environ["TRITON_INTERPRET"] == "1"
 
 
 def _h(t: int, f: int, seed: int) -> torch.Tensor:

@@ -3,7 +3,6 @@
 
 import dataclasses
 import itertools
-import os
 
 import pytest
 import torch
@@ -66,12 +65,6 @@ def test_config_validates_chunk():
     for act in ("2:4", None):
         with pytest.raises(ValueError, match="chunk=32 needs V:N:M activations with V > 1"):
             SparsityConfig(weights="2:4", activations=act, chunk=32)
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert os.environ["TRITON_INTERPRET"] == "1"
 
 
 @pytest.mark.parametrize("v,n,m,c", PATTERNS)
