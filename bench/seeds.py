@@ -18,15 +18,20 @@ With --dense-only the folders need only a dense run: the dense final losses, the
 their standard deviation over the mean (the noise band without any sparse arm).
 With --merge the seeds come from the CSVs this command (or bench.sweep) wrote instead, their
 per-seed rows pooled into one table: more pairs of one configuration, measured in several sweeps.
+With --dense-csv the folders need only a sparse run: the i-th is paired with the dense final of the
+i-th per-seed row of a CSV this command wrote (the same seeds' dense runs, measured before); a row
+whose name ends in another seed than the folder's (`..._s3`) is refused.
 
     python -m bench.seeds runs/s0 runs/s1 runs/s2 [--sparse-from runs/c0 runs/c1 runs/c2] [--csv F]
     python -m bench.seeds --dense-only runs/s0 runs/s1 runs/s2 runs/d3 runs/d4 runs/d5
     python -m bench.seeds --merge seeds_0-2.csv seeds_3-5.csv [--csv F]
+    python -m bench.seeds runs/x_s0 runs/x_s1 runs/x_s2 --dense-csv earlier_seeds.csv [--csv F]
 """
 
 import argparse
 import csv
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -88,6 +93,24 @@ def load(folder: Path, sparse_from: Path | None = None) -> SeedRun:
         _require(final, run, where)
     name = folder.name if sparse_from is None else f"{folder.name} / {sparse_from.name}"
     return SeedRun(name, final["dense"], final["sparse"], statistics.fmean(kept) if kept else math.nan, lead)
+
+
+def seed_of(name: str) -> int | None:
+    """The seed a folder or row name ends in (`dense_s3`, `s0 / arm_s0` -> 3, 0), or None."""
+    m = re.search(r"(?:^|_)s(\d+)$", name)
+    return int(m.group(1)) if m else None
+
+
+def load_against(folder: Path, dense: SeedRun) -> SeedRun:
+    """The sparse run of ``folder`` paired with the dense final of an earlier per-seed row of the same
+    seed (``read``'s); a ValueError if the two names end in different seeds."""
+    mine, theirs = seed_of(folder.name), seed_of(dense.name)
+    if mine is not None and theirs is not None and mine != theirs:
+        raise ValueError(f"{folder}: seed {mine}, paired with the dense run of seed {theirs} ({dense.name!r})")
+    final, kept, lead = _final(folder)
+    sparse = _require(final, "sparse", folder)
+    name = f"{dense.name.split(' / ')[0]} (csv) / {folder.name}"
+    return SeedRun(name, dense.dense, sparse, statistics.fmean(kept) if kept else math.nan, lead)
 
 
 def dense_finals(folders: list[Path]) -> list[float]:
@@ -203,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", type=Path, help="also write the per-seed rows and the summary here")
     p.add_argument("--dense-only", action="store_true", help="only the dense runs' finals and their spread")
     p.add_argument("--merge", nargs="+", type=Path, help="bench.seeds CSVs whose per-seed rows form one table")
+    p.add_argument("--dense-csv", type=Path, help="a bench.seeds CSV: its rows' dense finals, in order")
     args = p.parse_args(argv)
     if args.merge and (args.folders or args.sparse_from or args.dense_only):
         p.error("--merge takes no folders, --sparse-from or --dense-only")
@@ -210,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("expected bench.train --out folders (or --merge CSVs)")
     if args.dense_only and (args.sparse_from or args.csv):
         p.error("--dense-only takes neither --sparse-from nor --csv")
+    if args.dense_csv and (args.merge or args.sparse_from or args.dense_only):
+        p.error("--dense-csv takes neither --merge, --sparse-from nor --dense-only")
     if args.sparse_from and len(args.sparse_from) != len(args.folders):
         p.error(f"--sparse-from: {len(args.sparse_from)} folders for {len(args.folders)} dense folders (need one each)")
     try:
@@ -218,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.merge:
             runs = [run for path in args.merge for run in read(path)]
+        elif args.dense_csv:
+            runs = paired_with_csv(args.folders, args.dense_csv)
         else:
             sparse_from = args.sparse_from or [None] * len(args.folders)
             runs = [load(f, s) for f, s in zip(args.folders, sparse_from, strict=True)]
@@ -228,6 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         write(args.csv, runs)
     return 0
+
+
+def paired_with_csv(folders: list[Path], path: Path) -> list[SeedRun]:
+    """Each folder's sparse run against the dense final of the same-index per-seed row of ``path``."""
+    dense = read(path)
+    if len(dense) != len(folders):
+        raise ValueError(f"{path}: {len(dense)} per-seed rows for {len(folders)} folders (need one each)")
+    return [load_against(f, d) for f, d in zip(folders, dense, strict=True)]
 
 
 def write(path: Path, runs: list[SeedRun]) -> None:

@@ -3,7 +3,9 @@ over calls of bounded length; then each configuration's paired table against the
 
 Each (configuration, seed) is one process, `python -m bench.train --runs sparse --seed S --sparsity X`,
 writing to OUT/<arm>_s<S>; the dense seeds likewise (`--runs dense`) to OUT/dense_s<S>, unless
---dense names finished bench.train folders, one per seed. At most --parallel processes run at once.
+--dense names finished bench.train folders, one per seed, or --dense-csv a bench.seeds CSV whose
+per-seed rows hold the same seeds' dense finals (measured before; no dense process runs).
+At most --parallel processes run at once.
 Each process gets what is left of --time-limit as its own --time-limit: it stops after the first step
 past it and writes its checkpoint, and the same command run again resumes it (`--resume`), step for
 step as if never stopped. A folder with a summary.txt is finished and does not run again; a process
@@ -83,7 +85,7 @@ def jobs_of(args: argparse.Namespace) -> tuple[list[Job], dict[str, list[Path]]]
     for text in args.sparsity:
         config, extra = split_arm(text)
         arms.append((arm_name(text), ["--runs", "sparse", "--sparsity", config, *extra]))
-    if not args.dense:
+    if not args.dense and not args.dense_csv:
         arms.insert(0, ("dense", ["--runs", "dense"]))
     for arm, argv in arms:
         folders[arm] = []
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument("--dense", nargs="+", type=Path, help="finished dense bench.train folders, one per seed")
+    p.add_argument("--dense-csv", type=Path, help="a bench.seeds CSV with the seeds' dense finals, one row per seed")
     p.add_argument("--parallel", type=int, default=5, help="processes at a time (5 x 125M fit on one H100)")
     p.add_argument("--time-limit", type=float, required=True, metavar="SECONDS", help="this call's wall time")
     p.add_argument("--min-seconds", type=float, default=120.0, help="start no process with less time left")
@@ -144,6 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seeds {args.seeds!r}: expected comma-separated ints")
     if args.dense and len(args.dense) != len(args.seeds):
         p.error(f"--dense: {len(args.dense)} folders for {len(args.seeds)} seeds (need one each)")
+    if args.dense and args.dense_csv:
+        p.error("--dense and --dense-csv: give one source of the dense runs")
+    if args.dense_csv:
+        try:
+            rows = seeds.read(args.dense_csv)
+        except (OSError, ValueError) as e:
+            p.error(f"--dense-csv: {e}")
+        if [seeds.seed_of(r.name) for r in rows] != args.seeds:
+            p.error(f"--dense-csv {args.dense_csv}: rows of seeds {[seeds.seed_of(r.name) for r in rows]}, "
+                    f"--seeds {args.seeds} (need the same, in order)")  # fmt: skip
     if args.parallel < 1 or not args.time_limit > 0:
         p.error(f"--parallel {args.parallel}, --time-limit {args.time_limit}: expected >= 1 and > 0")
     if len({arm_name(s) for s in args.sparsity}) != len(args.sparsity):
@@ -157,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate([[j.folder.name, j.state()] for j in jobs], headers=["run", "state"], tablefmt="github"))
     done = {arm: all((f / "summary.txt").is_file() for f in fs) for arm, fs in folders.items()}
     for arm, fs in folders.items():
-        if arm == "dense" or not (done[arm] and done["dense"]):
+        if arm == "dense" or not (done[arm] and done.get("dense", True)):
             continue
-        runs = [seeds.load(d, s) for d, s in zip(folders["dense"], fs, strict=True)]
+        if args.dense_csv:
+            runs = seeds.paired_with_csv(fs, args.dense_csv)
+        else:
+            runs = [seeds.load(d, s) for d, s in zip(folders["dense"], fs, strict=True)]
         print(f"\n{arm}:\n{seeds.table(runs)}")
         seeds.write(args.out / f"{arm}_seeds.csv", runs)
     return 1 if any(j.rc not in (None, 0) for j in jobs) else 0

@@ -457,6 +457,20 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path, capsys):
     assert "bad.csv: not a bench.seeds CSV" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(tmp_path / "s0"), "--merge", str(tmp_path / "seeds.csv")])  # folders and --merge: refused
+    # --dense-csv: sparse-only folders against the dense finals of an earlier CSV's rows (s0 1.00, s1 1.01)
+    for name, sparse in (("x_s0", 1.03), ("x_s1", 0.99)):
+        _log(tmp_path / name, [{"run": "sparse", "step": 1, "phase": "sparse", "val_loss": sparse, "h_kept_frac": 0.5}])
+    assert main([str(tmp_path / "x_s0"), str(tmp_path / "x_s1"), "--dense-csv", str(tmp_path / "seeds.csv"),
+                 "--csv", str(tmp_path / "against.csv")]) == 0  # fmt: skip
+    against = list(csv.DictReader(open(tmp_path / "against.csv")))
+    assert [r["seed"] for r in against[:2]] == ["s0 (csv) / x_s0", "s1 (csv) / x_s1"]
+    assert [float(r["diff"]) for r in against[:2]] == pytest.approx([0.03, -0.02 / 1.01])
+    assert float(against[0]["kept"]) == pytest.approx(0.5)
+    capsys.readouterr()
+    assert main([str(tmp_path / "x_s1"), str(tmp_path / "x_s0"), "--dense-csv", str(tmp_path / "seeds.csv")]) == 2
+    assert "x_s1: seed 1, paired with the dense run of seed 0" in capsys.readouterr().err
+    assert main([str(tmp_path / "x_s0"), "--dense-csv", str(tmp_path / "seeds.csv")]) == 2
+    assert "2 per-seed rows for 1 folders" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("names", [("sparse",), ("dense", "sparse")])
@@ -516,6 +530,7 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
         sparsity=[causal, f"{causal} -- --final-dense-frac 0.4"],
         seeds=[0],
         dense=[tmp_path / "d0"],
+        dense_csv=None,
         out=tmp_path,
         train=["--steps", "8"],
     )
@@ -528,6 +543,9 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
     assert jobs[1].argv == [*own, "--seed", "0", "--no-progress", "--steps", "8"]  # the shared arguments last
     assert jobs[0].argv == [*own[:4], "--seed", "0", "--no-progress", "--steps", "8"]
     assert folders["dense"] == [tmp_path / "d0"]
+    args.dense, args.dense_csv = None, tmp_path / "dense.csv"  # dense finals from a CSV: no dense job
+    jobs, folders = jobs_of(args)
+    assert "dense" not in folders and all(j.arm != "dense" for j in jobs) and len(jobs) == 2
 
 
 def test_op_host_time_rounds_move_every_row():
