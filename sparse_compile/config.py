@@ -217,12 +217,13 @@ class SparsityConfig:
 
 PRESETS: dict[str, SparsityConfig] = {
     # The default, chosen by measurement (bench/RESULTS.md sections 2 and 6): each 128-token block
-    # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the previous block; a site
-    # whose hidden size is not a multiple of 2048 takes the largest chunk of 64, 32 or 16 that fits
-    # (passes/legality.fit_chunk). 1.374x a dense step at 1.3B (H100), 1.413x at 2.7B (H200); with
-    # 65% of the run dense at the end (PhaseSchedule.from_fractions' default), the 126M main job ends
-    # +0.43% +- 0.20% from dense over 5 paired seeds (+1.32% +- 0.25% with 50% dense).
-    "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True),
+    # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the norms of the previous
+    # block's last 16 tokens; a site whose hidden size is not a multiple of 2048 takes the largest
+    # chunk of 64, 32 or 16 that fits (passes/legality.fit_chunk). 1.555x a dense step at 2.7B (H200;
+    # 1.419x scored on all 128 rows), 1.471x at 1.3B (H100); with 65% of the run dense at the end
+    # (PhaseSchedule.from_fractions' default), the 126M main job ends +0.61% +- 0.13% from dense over
+    # 5 paired seeds (+0.43% +- 0.20% scored on all 128 rows).
+    "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16),
     # keeps 4 of every 8 chunks of 64 units (1/2 of H): the former default, 1.109x at 1.3B; +0.45% +- 0.12%
     # on the main job with 50% dense at the end (5 seeds)
     "chunked-half": SparsityConfig(activations="128:4:8", chunk=64, causal=True),
@@ -249,7 +250,10 @@ class BackendOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None, mode: str | None = None) -> "BackendOptions":
         """Parse compile options. With no 'preset', 'weights' or 'activations' key, the default preset
-        (DEFAULT_PRESET), with the other keys applied on top."""
+        (DEFAULT_PRESET), with the other keys applied on top. A preset's score_rows holds for its own
+        causal chunked pattern: where the keys on top leave a pattern it cannot score (causal False,
+        chunk 1, or blocks of fewer tokens) and do not name score_rows, the blocks are scored on all
+        their rows (score_rows None), as SparsityConfig's default does."""
         options = dict(options or {})
         unknown = sorted(set(options) - _CONFIG_KEYS - _BACKEND_KEYS)
         if unknown:
@@ -257,12 +261,13 @@ class BackendOptions:
                 f"sparse backend: unknown option(s) {unknown}; allowed: {sorted(_CONFIG_KEYS | _BACKEND_KEYS)}"
             )
         fields = {k: options[k] for k in _CONFIG_KEYS if k in options}
-        if "preset" in options:
-            config = dataclasses.replace(SparsityConfig.preset(options["preset"]), **fields)
-        elif "weights" in fields or "activations" in fields:
+        if "preset" not in options and ("weights" in fields or "activations" in fields):
             config = SparsityConfig(**fields)
         else:
-            config = dataclasses.replace(PRESETS[DEFAULT_PRESET], **fields)
+            preset = SparsityConfig.preset(options.get("preset", DEFAULT_PRESET))
+            if "score_rows" not in fields and not _scores_on(preset, fields):
+                fields["score_rows"] = None
+            config = dataclasses.replace(preset, **fields)
         inductor = options.get("inductor", {})
         if not isinstance(inductor, Mapping):
             raise ValueError(f"sparse backend: option 'inductor'={inductor!r}: expected a dict of Inductor config")
@@ -274,6 +279,19 @@ class BackendOptions:
             mode=options.get("mode", mode),
             inductor=dict(inductor),
         )
+
+
+def _scores_on(preset: SparsityConfig, fields: Mapping[str, Any]) -> bool:
+    """Whether ``preset``'s score_rows still applies with ``fields`` on top: causal, chunk > 1 and
+    blocks of at least score_rows tokens (a bad value in ``fields`` is left to SparsityConfig's error)."""
+    if preset.score_rows is None:
+        return True
+    causal, chunk = fields.get("causal", preset.causal), fields.get("chunk", preset.chunk)
+    try:
+        v = parse_activation_pattern(fields.get("activations", preset.activations))[0]
+    except ValueError:
+        return True
+    return causal is True and isinstance(chunk, int) and chunk > 1 and v >= preset.score_rows
 
 
 def options_from_text(text: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def test_bad_fields(kwargs, field):
 
 def test_presets():
     assert PRESETS["venom"] == SparsityConfig(weights="2:4", activations="64:2:8")
-    assert PRESETS[DEFAULT_PRESET] == SparsityConfig(activations="128:4:16", chunk=128, causal=True)
+    assert PRESETS[DEFAULT_PRESET] == SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16)
     assert PRESETS["chunked-half"] == SparsityConfig(activations="128:4:8", chunk=64, causal=True)
     assert SparsityConfig.preset("activation24").activation_pattern == (1, 2, 4)
     assert SparsityConfig.preset("weight24").activations is None
@@ -56,6 +56,15 @@ def test_options_parsing():
     assert only_act.weights is None and only_act.activation_pattern == (128, 2, 8)
     over = BackendOptions.parse({"preset": "venom", "activations": "2:4"}).config
     assert over.weights == "2:4" and over.activations == "2:4"
+    # the default's score_rows holds for its causal chunked pattern only: keys on top that leave a
+    # pattern it cannot score drop it unless they name it (then SparsityConfig's error)
+    for on_top in ({"causal": False}, {"chunk": 1, "causal": False}, {"preset": "chunked", "activations": "8:4:16"}):
+        assert BackendOptions.parse(on_top).config.score_rows is None
+    assert BackendOptions.parse({"chunk": 64}).config.score_rows == 16
+    assert BackendOptions.parse({"score_rows": 32}).config.score_rows == 32
+    assert BackendOptions.parse({"activations": "128:4:16", "chunk": 128, "causal": True}).config.score_rows is None
+    with pytest.raises(ValueError, match="score_rows=16.*causal=False"):
+        BackendOptions.parse({"causal": False, "score_rows": 16})
     assert BackendOptions.parse({"mode": "max-autotune-no-cudagraphs"}).mode == "max-autotune-no-cudagraphs"
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['activation'\]"):
         BackendOptions.parse({"activation": "2:4"})
