@@ -71,12 +71,14 @@ class SparsityConfig:
         dim (a 2-D x is one sequence); its length must be a multiple of V at the site. False
         (default): a block's columns come from all of its V tokens, later ones included.
     score_rows: with ``causal`` and ``chunk`` > 1, the rows of the previous block whose norms choose
-        a block's chunks: its last ``score_rows`` tokens (1 <= score_rows <= V). None (default): all
-        V. Under V (and N = 4), the forward computes Z = X W1^T + b1 in full only on those rows (and
-        each sequence's first token) and on the kept chunks of every row (the gather GEMM;
+        a block's chunks: its last ``score_rows`` tokens (1 <= score_rows <= V). None: all V (the
+        field's default; the "chunked" preset, backend="sparse"'s default, has 16). Under V (and
+        N = 4), the forward computes Z = X W1^T + b1 in full only on those rows (and each
+        sequence's first token) and on the kept chunks of every row (the gather GEMM;
         kernels/chunk_score.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
-        of 128, keep 1/4); the choice sees fewer tokens. 1.3B, H100: 1.471x a dense step at 16
-        against the default's 1.371x; quality not yet measured (bench/RESULTS.md section 2).
+        of 128, keep 1/4); the choice sees fewer tokens. At 16 against all 128 rows: 1.483x against
+        1.371x a dense 1.3B step (H100), 1.555x against 1.419x at 2.7B (H200), and the main job
+        +0.61% +- 0.13% against +0.43% +- 0.20% from dense (bench/RESULTS.md sections 1 and 2).
     permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
         backend per site (identity at first; sparse_compile.recluster() refits it from the
         activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
@@ -220,10 +222,14 @@ PRESETS: dict[str, SparsityConfig] = {
     # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the norms of the previous
     # block's last 16 tokens; a site whose hidden size is not a multiple of 2048 takes the largest
     # chunk of 64, 32 or 16 that fits (passes/legality.fit_chunk). 1.555x a dense step at 2.7B (H200;
-    # 1.419x scored on all 128 rows), 1.471x at 1.3B (H100); with 65% of the run dense at the end
+    # 1.419x scored on all 128 rows), 1.483x at 1.3B (H100); with 65% of the run dense at the end
     # (PhaseSchedule.from_fractions' default), the 126M main job ends +0.61% +- 0.13% from dense over
     # 5 paired seeds (+0.43% +- 0.20% scored on all 128 rows).
-    "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16),
+    # Under autocast the op casts the float32 weights itself, forward and backward (weight_copies
+    # "recompute"): peak memory 27.1% below dense at 1.3B instead of 23.8%, for 1.356x against 1.360x.
+    "chunked": SparsityConfig(
+        activations="128:4:16", chunk=128, causal=True, score_rows=16, weight_copies="recompute"
+    ),
     # keeps 4 of every 8 chunks of 64 units (1/2 of H): the former default, 1.109x at 1.3B; +0.45% +- 0.12%
     # on the main job with 50% dense at the end (5 seeds)
     "chunked-half": SparsityConfig(activations="128:4:8", chunk=64, causal=True),
@@ -250,10 +256,11 @@ class BackendOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None, mode: str | None = None) -> "BackendOptions":
         """Parse compile options. With no 'preset', 'weights' or 'activations' key, the default preset
-        (DEFAULT_PRESET), with the other keys applied on top. A preset's score_rows holds for its own
-        causal chunked pattern: where the keys on top leave a pattern it cannot score (causal False,
-        chunk 1, or blocks of fewer tokens) and do not name score_rows, the blocks are scored on all
-        their rows (score_rows None), as SparsityConfig's default does."""
+        (DEFAULT_PRESET), with the other keys applied on top. A preset's score_rows and weight_copies
+        hold for its own pattern: where the keys on top leave a pattern it cannot score (causal False,
+        chunk 1, or blocks of fewer tokens), the blocks are scored on all their rows (score_rows
+        None), and with 2:4 weights the weight copies are kept ("keep"), as SparsityConfig's defaults
+        do, unless the keys name them."""
         options = dict(options or {})
         unknown = sorted(set(options) - _CONFIG_KEYS - _BACKEND_KEYS)
         if unknown:
@@ -265,9 +272,7 @@ class BackendOptions:
             config = SparsityConfig(**fields)
         else:
             preset = SparsityConfig.preset(options.get("preset", DEFAULT_PRESET))
-            if "score_rows" not in fields and not _scores_on(preset, fields):
-                fields["score_rows"] = None
-            config = dataclasses.replace(preset, **fields)
+            config = dataclasses.replace(preset, **{**_not_applying(preset, fields), **fields})
         inductor = options.get("inductor", {})
         if not isinstance(inductor, Mapping):
             raise ValueError(f"sparse backend: option 'inductor'={inductor!r}: expected a dict of Inductor config")
@@ -281,17 +286,23 @@ class BackendOptions:
         )
 
 
-def _scores_on(preset: SparsityConfig, fields: Mapping[str, Any]) -> bool:
-    """Whether ``preset``'s score_rows still applies with ``fields`` on top: causal, chunk > 1 and
-    blocks of at least score_rows tokens (a bad value in ``fields`` is left to SparsityConfig's error)."""
-    if preset.score_rows is None:
-        return True
-    causal, chunk = fields.get("causal", preset.causal), fields.get("chunk", preset.chunk)
-    try:
-        v = parse_activation_pattern(fields.get("activations", preset.activations))[0]
-    except ValueError:
-        return True
-    return causal is True and isinstance(chunk, int) and chunk > 1 and v >= preset.score_rows
+def _not_applying(preset: SparsityConfig, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The field defaults that replace ``preset``'s where ``fields`` on top leave a configuration its
+    value cannot apply to: score_rows None without causal chunks of blocks of at least score_rows
+    tokens; weight_copies "keep" with 2:4 weights (masked copies). A bad value in ``fields`` is left
+    to SparsityConfig's error; keys that ``fields`` names win over these."""
+    out: dict[str, Any] = {}
+    if preset.score_rows is not None:
+        causal, chunk = fields.get("causal", preset.causal), fields.get("chunk", preset.chunk)
+        try:
+            v = parse_activation_pattern(fields.get("activations", preset.activations))[0]
+        except ValueError:
+            v = preset.score_rows
+        if not (causal is True and isinstance(chunk, int) and chunk > 1 and v >= preset.score_rows):
+            out["score_rows"] = None
+    if preset.weight_copies != "keep" and fields.get("weights", preset.weights) is not None:
+        out["weight_copies"] = "keep"
+    return out
 
 
 def options_from_text(text: str) -> dict[str, Any]:

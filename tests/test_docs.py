@@ -6,9 +6,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 RESULTS = (ROOT / "bench" / "RESULTS.md").read_text()
-CHUNK128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'  # the default's options
+CHUNK128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'  # the default's pattern, all rows scored
 # the main job: the default with its schedule (dense for the first 10% and the last 65%), five seeds
-MAIN_JOB = "h100_125m-d1024_2400steps_seeds_chunked_lr-5e-4_lr-warmup-0.5_final-dense-0.65_e6b9fbc.csv"
+MAIN_JOB = "h100_125m-d1024_2400steps_seeds_chunked-score16_lr-5e-4_lr-warmup-0.5_final-dense-0.65_cd99e00.csv"
+# the same, scored on all 128 rows (the default until 9f0bc18)
+MAIN_JOB_128 = "h100_125m-d1024_2400steps_seeds_chunked_lr-5e-4_lr-warmup-0.5_final-dense-0.65_e6b9fbc.csv"
 
 
 def _table_after(text: str, header_start: str) -> list[str]:
@@ -75,12 +77,13 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    files = {"1.3B, H100": ("h100_e2e_1.3b_default_00e6ee6_e2e.csv", "default"),
-             "2.7B, H200": ("h200_e2e_3b_default_6436ac7_e2e.csv", "default")}  # fmt: skip
+    files = {"350M, H100": ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "350m", "default"),
+             "1.3B, H100": ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "1.3b", "default"),
+             "2.7B, H200": ("h200_e2e_3b_dense-default-score16_cd99e00_e2e.csv", "3b", '{"score_rows": 16}')}  # fmt: skip
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
-    for size, (name, label) in files.items():
-        row = next(r for r in csv.DictReader(open(res / name)) if r["config"] == label)
-        assert rows[size][1] == f"{float(row['speedup']):.3f}x", size
+    for size, (name, model, label) in files.items():
+        row = next(r for r in csv.DictReader(open(res / name)) if (r["size"], r["config"]) == (model, label))
+        assert rows[size][1].split(" (")[0] == f"{float(row['speedup']):.3f}x", size
         assert rows[size][2] == f"{float(row['mem_vs_dense']):.2f}", size
 
 
@@ -164,10 +167,14 @@ def test_speed_quality_table_is_the_measured_csvs():
     e2e_new = ("h100_e2e_1.3b_default_00e6ee6_e2e.csv", "default")
     e2e_half = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half")  # before the TMA slabs
     lr5 = "h100_125m-d1024_2400steps_seeds_{}_lr-5e-4_lr-warmup-0.5_final-dense-{}.csv"  # the main job, peak 5e-4
-    sources[(f"default (`{CHUNK128}`)", "10% / 65%")] = (e2e_new, MAIN_JOB)
-    sources[("default", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
+    e2e_16 = ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "default")  # its first default row is 1.3B's
+    score16 = CHUNK128.replace("}", ', "score_rows": 16}')
+    sources[(f"default (`{score16}`)", "10% / 65%")] = (e2e_16, MAIN_JOB)
+    rows128 = '128 rows (`{"score_rows": null}`, the default until 9f0bc18)'
+    sources[(rows128, "10% / 65%")] = (e2e_new, MAIN_JOB_128)
+    sources[("128 rows", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
     sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
-    lr1 = "default, peak lr 1e-3"
+    lr1 = "128 rows, peak lr 1e-3"
     sources[(lr1, "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
     sources[(lr1, "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
     window = "h100_125m-d1024_2400steps_seeds_chunked_lr-warmup-0.5_warmup-{}_final-dense-{}_1e138ac.csv"
