@@ -101,7 +101,8 @@ class SparsityConfig:
         section 2).
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
     weight_copies: under autocast, float32 weights reach the sparse op as compute-dtype copies.
-        "keep" (default, as dense autocast does): forward's copies stay alive until backward.
+        "keep" (the field's default, as dense autocast does): forward's copies stay alive until
+        backward; the "chunked" preset (backend="sparse"'s default) has "recompute".
         "recompute": the op gets the float32 weights and casts them itself, forward and again in
         backward, so no copy stays alive between them: 2 bytes per FFN weight less peak memory
         (1.3B, H100: 27.1% below dense instead of 23.8%) for one more cast of W1 and W2 per
@@ -222,7 +223,7 @@ PRESETS: dict[str, SparsityConfig] = {
     # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the norms of the previous
     # block's last 16 tokens; a site whose hidden size is not a multiple of 2048 takes the largest
     # chunk of 64, 32 or 16 that fits (passes/legality.fit_chunk). 1.555x a dense step at 2.7B (H200;
-    # 1.419x scored on all 128 rows), 1.483x at 1.3B (H100); with 65% of the run dense at the end
+    # 1.419x scored on all 128 rows), 1.475x at 1.3B (H100); with 65% of the run dense at the end
     # (PhaseSchedule.from_fractions' default), the 126M main job ends +0.61% +- 0.13% from dense over
     # 5 paired seeds (+0.43% +- 0.20% scored on all 128 rows).
     # Under autocast the op casts the float32 weights itself, forward and backward (weight_copies

@@ -173,6 +173,7 @@ class Report:
             + (", causal" if c.causal else "")
             + (f", score_rows={c.score_rows}" if c.score_rows is not None else "")
             + (", permute" if c.permute else "")
+            + (f", weight_copies={c.weight_copies}" if c.weight_copies != "keep" else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"
         )
         head = "\n".join([head, *self.notes])

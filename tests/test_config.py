@@ -38,7 +38,9 @@ def test_bad_fields(kwargs, field):
 
 def test_presets():
     assert PRESETS["venom"] == SparsityConfig(weights="2:4", activations="64:2:8")
-    assert PRESETS[DEFAULT_PRESET] == SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16)
+    assert PRESETS[DEFAULT_PRESET] == SparsityConfig(
+        activations="128:4:16", chunk=128, causal=True, score_rows=16, weight_copies="recompute"
+    )
     assert PRESETS["chunked-half"] == SparsityConfig(activations="128:4:8", chunk=64, causal=True)
     assert SparsityConfig.preset("activation24").activation_pattern == (1, 2, 4)
     assert SparsityConfig.preset("weight24").activations is None
@@ -63,6 +65,11 @@ def test_options_parsing():
     assert BackendOptions.parse({"chunk": 64}).config.score_rows == 16
     assert BackendOptions.parse({"score_rows": 32}).config.score_rows == 32
     assert BackendOptions.parse({"activations": "128:4:16", "chunk": 128, "causal": True}).config.score_rows is None
+    # the default's weight_copies="recompute" holds without 2:4 weights only (2:4 copies are masked)
+    assert BackendOptions.parse({"weights": "2:4", "preset": "chunked"}).config.weight_copies == "keep"
+    assert BackendOptions.parse({"causal": False}).config.weight_copies == "recompute"
+    with pytest.raises(ValueError, match="weight_copies='recompute' needs weights=None"):
+        BackendOptions.parse({"preset": "chunked", "weights": "2:4", "weight_copies": "recompute"})
     with pytest.raises(ValueError, match="score_rows=16.*causal=False"):
         BackendOptions.parse({"causal": False, "score_rows": 16})
     assert BackendOptions.parse({"mode": "max-autotune-no-cudagraphs"}).mode == "max-autotune-no-cudagraphs"

@@ -77,9 +77,11 @@ def test_default_speedups_are_the_measured_csvs():
     import csv
 
     res = ROOT / "bench" / "results"
-    files = {"350M, H100": ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "350m", "default"),
-             "1.3B, H100": ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "1.3b", "default"),
-             "2.7B, H200": ("h200_e2e_3b_dense-default-score16_cd99e00_e2e.csv", "3b", '{"score_rows": 16}')}  # fmt: skip
+    files = {
+        "350M, H100": ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "350m", "default"),
+        "1.3B, H100": ("h100_e2e_1.3b_default_bf7909d_e2e.csv", "1.3b", "default"),
+        "2.7B, H200": ("h200_e2e_3b_dense-default-score16_cd99e00_e2e.csv", "3b", '{"score_rows": 16}'),
+    }
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, model, label) in files.items():
         row = next(r for r in csv.DictReader(open(res / name)) if (r["size"], r["config"]) == (model, label))
@@ -167,7 +169,7 @@ def test_speed_quality_table_is_the_measured_csvs():
     e2e_new = ("h100_e2e_1.3b_default_00e6ee6_e2e.csv", "default")
     e2e_half = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half")  # before the TMA slabs
     lr5 = "h100_125m-d1024_2400steps_seeds_{}_lr-5e-4_lr-warmup-0.5_final-dense-{}.csv"  # the main job, peak 5e-4
-    e2e_16 = ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "default")  # its first default row is 1.3B's
+    e2e_16 = ("h100_e2e_1.3b_default_bf7909d_e2e.csv", "default")
     score16 = CHUNK128.replace("}", ', "score_rows": 16}')
     sources[(f"default (`{score16}`)", "10% / 65%")] = (e2e_16, MAIN_JOB)
     rows128 = '128 rows (`{"score_rows": null}`, the default until 9f0bc18)'

@@ -130,6 +130,9 @@ def test_model_without_ffn_reports_zero_sites():
     report = explain(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.randn(4, 8))
     assert len(report) == 0
     assert str(report).startswith("sparse_compile report: 0 sparse FFN site(s), 0 dense")
+    # the default's options in the head line: chunks scored on 16 rows, weights cast inside the op
+    head = str(report).splitlines()[0]
+    assert "chunk=128, causal, score_rows=16, weight_copies=recompute, weight_grad=dense" in head
 
 
 def test_autocast_square_in_float32_still_matches():
