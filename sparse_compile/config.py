@@ -227,7 +227,8 @@ PRESETS: dict[str, SparsityConfig] = {
     # (PhaseSchedule.from_fractions' default), the 126M main job ends +0.61% +- 0.13% from dense over
     # 5 paired seeds (+0.43% +- 0.20% scored on all 128 rows).
     # Under autocast the op casts the float32 weights itself, forward and backward (weight_copies
-    # "recompute"): peak memory 27.1% below dense at 1.3B instead of 23.8%, for 1.356x against 1.360x.
+    # "recompute"): at 1.3B peak memory 27.1% below dense instead of 23.8%, 1.475x against 1.483x
+    # with "keep" (two runs; 1.356x against 1.360x in one run, scored on all rows).
     "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16, weight_copies="recompute"),
     # keeps 4 of every 8 chunks of 64 units (1/2 of H): the former default, 1.109x at 1.3B; +0.45% +- 0.12%
     # on the main job with 50% dense at the end (5 seeds)
