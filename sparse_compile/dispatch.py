@@ -119,7 +119,10 @@ def plan_kernels(
     f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h)
     dense, gemm_why = frozenset(), ""
     if c > 1:
-        gemm_why = f"chunks of {c}: F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
+        rows = config.score_rows
+        scored = config.causal and rows is not None and rows < v and pattern[1] == 4 and f1_alg is None  # ffn_gather's
+        f1 = f"F1 on each block's last {rows} rows (cuBLAS) and its kept chunks (gather); " if scored else ""
+        gemm_why = f"chunks of {c}: {f1}F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
     elif config.kernels == "auto":
         from sparse_compile import gather_choice
 

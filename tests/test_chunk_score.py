@@ -139,3 +139,25 @@ def test_compiled_model_scored_on_rows_matches_the_oracle(interpreter, n):
     report = assert_compiled_matches_oracle(config, torch.randn(2, 32, 32), 1e-4)
     assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
     assert report.sparse_sites[0].patterns["B2"] == f"A16:{n}:8c16 causal s4"
+
+
+def test_cuda_plan_says_where_f1_runs_on_the_scoring_rows(monkeypatch):
+    """On an sm90 GPU the default's plan tells the report that F1 runs on the scoring rows and the kept
+    chunks; where the op computes F1 in full (all rows scored, N = 2, or not causal) it says nothing of it."""
+    import dataclasses
+
+    from sparse_compile import PRESETS
+    from sparse_compile.dispatch import GATHER, plan_kernels
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda = torch.device("cuda", 0)
+    default = PRESETS["chunked"]
+    plan = plan_kernels(cuda, torch.bfloat16, 16384, default, 2048, 8192)
+    assert plan.kernel == GATHER and plan.f1_alg is None
+    assert plan.gemm_why.startswith("chunks of 128: F1 on each block's last 16 rows (cuBLAS) and its kept chunks")
+    for other in (
+        dataclasses.replace(default, score_rows=None),
+        dataclasses.replace(default, score_rows=128),
+        dataclasses.replace(default, activations="128:2:16"),
+    ):
+        assert "F1" not in plan_kernels(cuda, torch.bfloat16, 16384, other, 2048, 8192).gemm_why
