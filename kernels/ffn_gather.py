@@ -50,6 +50,12 @@ def chunk_path_supports(v: int, m: int, c: int) -> bool:
     return chunk_supports(v, m, c) and chunk_wgrad_supports(v, c)
 
 
+def f1_on_scoring_rows(v: int, n: int, chunk: int, causal: bool, score: int | None, f1_alg: int | None) -> bool:
+    """Whether the forward computes F1 only on the scoring rows and the kept chunks (chunk_score.py)
+    instead of in full: causal chunks scored on fewer than V rows, N = 4, F1 on cuBLAS."""
+    return chunk > 1 and causal and score is not None and score < v and n == 4 and f1_alg is None
+
+
 def _w2t(w2: torch.Tensor, chunk: int) -> torch.Tensor:
     """W2^T [h, d] for the gathers: with chunks (ids in runs of chunk units) the view w2.t(), read in
     place along the runs (no copy), when w2 has contiguous rows; else a contiguous copy."""
@@ -85,7 +91,7 @@ def sqrelu_ffn_forward_gather(
     sequences of that many tokens; ``score``: scored on the previous block's last that many rows
     (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only)."""
     _check_chunk(v, m, chunk, dense)
-    if chunk > 1 and seq is not None and score is not None and score < v and n == 4 and f1_alg is None:
+    if f1_on_scoring_rows(v, n, chunk, seq is not None, score, f1_alg):
         h_c, r_c, ids = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score)
     else:
         z = F.linear(x, w1, b1) if f1_alg is None else cslt_linear(x, w1, b1, f1_alg)

@@ -105,7 +105,7 @@ def plan_kernels(
         return _reference(device.type, "GPU older than sm80")
     c = config.chunk
     if c > 1:
-        from sparse_compile.kernels.ffn_gather import chunk_path_supports  # Triton: imported when used
+        from sparse_compile.kernels.ffn_gather import chunk_path_supports, f1_on_scoring_rows  # Triton: when used
 
         if config.weight_grad_pattern is not None or not chunk_path_supports(v, m, c):
             return _reference(
@@ -120,7 +120,7 @@ def plan_kernels(
     dense, gemm_why = frozenset(), ""
     if c > 1:
         rows = config.score_rows
-        scored = config.causal and rows is not None and rows < v and pattern[1] == 4 and f1_alg is None  # ffn_gather's
+        scored = f1_on_scoring_rows(v, pattern[1], c, config.causal, rows, f1_alg)
         f1 = f"F1 on each block's last {rows} rows (cuBLAS) and its kept chunks (gather); " if scored else ""
         gemm_why = f"chunks of {c}: {f1}F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
     elif config.kernels == "auto":
