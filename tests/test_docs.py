@@ -72,15 +72,15 @@ def test_e2e_speedups_are_the_measured_ones():
 
 
 def test_default_speedups_are_the_measured_csvs():
-    """The README's default table: speedup and peak memory of the default's configuration from the
-    end-to-end CSVs, at 1.3B (H100) and 2.7B (H200)."""
+    """The README's default table: speedup and peak memory of the default options from the
+    end-to-end CSVs, at 350M and 1.3B (H100) and 2.7B (H200)."""
     import csv
 
     res = ROOT / "bench" / "results"
     files = {
-        "350M, H100": ("h100_e2e_1.3b-350m_default_9f0bc18_e2e.csv", "350m", "default"),
+        "350M, H100": ("h100_e2e_350m_default_df746b1_e2e.csv", "350m", "default"),
         "1.3B, H100": ("h100_e2e_1.3b_default_bf7909d_e2e.csv", "1.3b", "default"),
-        "2.7B, H200": ("h200_e2e_3b_dense-default-score16_cd99e00_e2e.csv", "3b", '{"score_rows": 16}'),
+        "2.7B, H200": ("h200_e2e_3b_default_df746b1_e2e.csv", "3b", "default"),
     }
     rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
     for size, (name, model, label) in files.items():
