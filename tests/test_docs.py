@@ -174,6 +174,8 @@ def test_speed_quality_table_is_the_measured_csvs():
     sources[(f"default (`{score16}`)", "10% / 65%")] = (e2e_16, MAIN_JOB)
     rows128 = '128 rows (`{"score_rows": null}`, the default until 9f0bc18)'
     sources[(rows128, "10% / 65%")] = (e2e_new, MAIN_JOB_128)
+    permuted = lr5.format("default-permute-recluster100", "0.65_df746b1")
+    sources[('default, `{"permute": true}`', "10% / 65%, re-clustered every 100 steps")] = (None, permuted)
     sources[("128 rows", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
     sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
     lr1 = "128 rows, peak lr 1e-3"
