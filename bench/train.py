@@ -57,6 +57,8 @@ CSV_FIELDS = [
     "h_kept_frac",
     "h_static_frac",
     "weight_flip_rate",
+    "recluster_probe_s",
+    "recluster_fit_s",
 ]
 
 
@@ -142,7 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help='with {"permute": true} in --sparsity: refit the hidden-unit permutations on the current batch '
-        "every N steps of the sparse phase (sparse_compile.recluster; 0: never)",
+        "every N steps of the sparse phase (sparse_compile.recluster; 0: never); log.csv's recluster_probe_s "
+        "and recluster_fit_s give the seconds of each log interval spent in the probe forward and in recluster()",
     )
     p.add_argument(
         "--dense-every",
@@ -420,6 +423,7 @@ def train_one(
     tokens_per_step = args.batch_size * args.seq_len * d.world
     losses: list[float] = []
     interval_time, interval_tokens = 0.0, 0
+    recluster = {"probe": 0.0, "fit": 0.0}  # seconds in this log interval: the probe forward, recluster()
     start = 0
     sparse_compile.reset_units()  # every run starts with its sites' hidden units in their own order
     state = ckpt.current if ckpt is not None else None
@@ -431,12 +435,13 @@ def train_one(
         checkpoint.set_rng_state(state.rng)
         result = RunResult(**state.result)
         losses, interval_time, interval_tokens = (state.interval[k] for k in ("losses", "time", "tokens"))
+        recluster = dict(state.interval.get("recluster", recluster))
         health.previous = state.health
         start = state.step
     first_steps = untimed_steps(start, schedule)
 
     def save(step: int) -> None:
-        interval = {"losses": losses, "time": interval_time, "tokens": interval_tokens}
+        interval = {"losses": losses, "time": interval_time, "tokens": interval_tokens, "recluster": recluster}
         ckpt.current = checkpoint.RunState(
             name, step, model.state_dict(), opt.state_dict(), batches.generator.get_state(),
             checkpoint.rng_state(), dataclasses.asdict(result), interval, health.previous,
@@ -458,9 +463,15 @@ def train_one(
         loss = train_step(compiled, model, opt, x, y, autocast)
         since = step - schedule.dense_warmup_steps
         if phase == "sparse" and args.recluster_every and since % args.recluster_every == 0:
+            sync()
+            t1 = time.perf_counter()
             with sparse_compile.probe_units(), torch.no_grad(), autocast():  # timed: part of the recipe's cost
                 compiled(x, y)
+            sync()
+            t2 = time.perf_counter()
             sparse_compile.recluster()
+            recluster["probe"] += t2 - t1
+            recluster["fit"] += time.perf_counter() - t2
         sync()
         dt = time.perf_counter() - t0
         if step not in first_steps:
@@ -481,6 +492,8 @@ def train_one(
                 "val_loss": "",
                 "val_loss_dense": "",
                 "tokens_per_s": interval_tokens / distributed.mean(interval_time, d, device),
+                "recluster_probe_s": distributed.mean(recluster["probe"], d, device),
+                "recluster_fit_s": distributed.mean(recluster["fit"], d, device),
             }
             if (step + 1) % args.eval_every == 0 or last:
                 sparse_compile.set_phase(window)
@@ -492,6 +505,7 @@ def train_one(
             result.rows.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", phase=window)
             losses, interval_time, interval_tokens = [], 0.0, 0
+            recluster = {"probe": 0.0, "fit": 0.0}
         out_of_time = args.deadline is not None and time.perf_counter() > args.deadline
         if ckpt is not None and (step + 1 == args.stop_at or (out_of_time and not last)):
             save(step + 1)

@@ -239,7 +239,8 @@ def test_resumed_runs_equal_the_uninterrupted_run(tmp_path):
 
 def test_resume_keeps_the_hidden_unit_permutations(tmp_path):
     """The same with {"permute": true} and --recluster-every 2: the permutations fitted before the stop
-    are in the checkpoint and the resumed run goes on with them, equal to the uninterrupted run."""
+    are in the checkpoint and the resumed run goes on with them, equal to the uninterrupted run; the
+    log times the probe forward and recluster() in the intervals that re-cluster."""
     from bench.train import main as train_main
 
     def main(argv):
@@ -255,6 +256,10 @@ def test_resume_keeps_the_hidden_unit_permutations(tmp_path):
         torch.set_num_threads(threads)
     assert sorted(state.current.units) == [f"blocks.{i}.mlp" for i in range(4)]
     assert not all(torch.equal(p, torch.arange(512)) for p in state.current.units.values())
+    # the log's re-clustering seconds: positive in the sparse run's re-clustering intervals only
+    for r in csv.DictReader(open(tmp_path / "whole" / "log.csv")):
+        refit = r["run"] == "sparse" and r["phase"] == "sparse"
+        assert (float(r["recluster_probe_s"]) > 0) == refit and (float(r["recluster_fit_s"]) > 0) == refit, r
 
 
 def _logged(path, keys):
