@@ -260,14 +260,14 @@ def test_chunk_op_matches_reference_op_and_oracle(activations, chunk, dtype):
 
 @pytest.mark.parametrize(
     "options",
-    [{"activations": "128:2:16", "chunk": 32}, {}, {"score_rows": 16}],
-    ids=["128:2:16-c32", "default", "score16"],
+    [{"activations": "128:2:16", "chunk": 32}, {}, {"score_rows": None}],
+    ids=["128:2:16-c32", "default", "all-rows"],
 )
 def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels(options):
     """The chunk kernels' curve against the reference kernels' (assert_trains_like_reference); {} is
-    the default options (causal 128:4:16 in chunks of 128, or the largest chunk the hidden size takes);
-    score16: the default scored on the previous block's last 16 rows (F1 on those rows and the kept
-    chunks on the fast path)."""
+    the default options (causal 128:4:16 in chunks of 128, or the largest chunk the hidden size takes,
+    scored on the previous block's last 16 rows: F1 on those rows and the kept chunks on the fast
+    path); all-rows: the same pattern scored on all 128 rows (F1 in full, then the selection)."""
     fast, kernels, _ = train_gpt({**options, "kernels": "auto"})
     assert kernels == {GATHER}
     assert_trains_like_reference(fast, options)
