@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"step": step, "pattern": text, "variant": name,
                                  "kept": kept_mass(held, (v, n, m), c, seq=seq, score=s), "agree": agree})  # fmt: skip
                     print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}, agree {agree:.3f}", flush=True)
-            if args.no_cluster:
+            if args.no_cluster:  # the units' own order only
+                kept = kept_mass(held, (v, n, m), c)
+                rows.append({"step": step, "pattern": text, "variant": "identity", "kept": kept})
+                print(f"  {text:>12} {'identity':>22}: kept {rows[-1]['kept']:.4f}", flush=True)
                 continue
             t0 = time.perf_counter()
             profiles = [block_mass(h, v).cpu() for h in fit]

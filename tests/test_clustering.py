@@ -109,7 +109,8 @@ def test_cluster_probe_runs_on_cpu(tmp_path, capsys):
             "--score-rows", "32,4", "--data-dir", str(tmp_path / "data"), "--csv", str(csv_path)]  # fmt: skip
     assert main(argv) == 0
     rows = {r["variant"]: r for r in csv.DictReader(csv_path.open())}
-    assert set(rows) == {"causal", "causal, last 32 rows", "causal, last 4 rows"}
+    assert set(rows) == {"identity", "causal", "causal, last 32 rows", "causal, last 4 rows"}
+    assert 0.0 < float(rows["identity"]["kept"]) < 1.0
     assert float(rows["causal"]["agree"]) == 1.0 and rows["causal"]["kept"] == rows["causal, last 32 rows"]["kept"]
     assert 0.0 < float(rows["causal, last 4 rows"]["agree"]) < 1.0
 
