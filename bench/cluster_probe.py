@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {text:>12} {'identity':>22}: kept {rows[-1]['kept']:.4f}", flush=True)
                 continue
             t0 = time.perf_counter()
-            profiles = [block_mass(h, v).cpu() for h in fit]
+            profiles = [block_mass(h, v) for h in fit]  # fitted where H is (the GPU on CUDA)
             perms = [cluster_units(pr, m, c) for pr in profiles]
             fit_s = time.perf_counter() - t0
             variants = {"identity": None, "clustered": perms}
@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"step": step, "pattern": text, "variant": name, "kept": kept_mass(held, (v, n, m), c, ps),
                              "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip
                 print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}", flush=True)
+        if args.csv:  # after every step: a run stopped later keeps the steps it measured
+            write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s", "agree"])
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4f"))
-    if args.csv:
-        write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s", "agree"])
     return 0
 
 

@@ -137,7 +137,9 @@ def chunk_units(profiles: torch.Tensor, c: int, iters: int = 10) -> torch.Tensor
         if assign is not None and torch.equal(new, assign):
             break
         assign = new
-        cent = _normalized(torch.zeros_like(cent).index_add_(0, assign, x))
+        # exactly c units per cluster: the sum over a cluster is a sum over c consecutive rows of x
+        # in cluster order (no atomics: the same result on every device and run)
+        cent = _normalized(x[torch.argsort(assign, stable=True)].reshape(k, c, -1).sum(dim=1))
     return torch.argsort(assign, stable=True).reshape(k, c)
 
 
