@@ -20,7 +20,7 @@ def test_recluster_fits_on_the_gpu(options):
     sparse_compile.reset_units()
     torch._dynamo.reset()
     model = Stack().cuda()
-    compiled = torch.compile(model, backend="sparse", options={**options, "permute": True})
+    compiled = torch.compile(model, backend="sparse", options={**options, "permute": True, "small_ffn": "sparse"})
     x = torch.randn(4, 32, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     before = compiled(x).detach()
     with sparse_compile.probe_units(), torch.no_grad():
