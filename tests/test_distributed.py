@@ -129,3 +129,28 @@ def test_train_script_under_torchrun(tmp_path, mode, one_process_batch_4):
     rows = (out / "log.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 and rows[1].startswith("sparse,2,")
     torch.testing.assert_close(_losses(out), one_process_batch_4, rtol=1e-4, atol=0)
+
+
+def test_recluster_under_torch_distributed_gives_every_rank_the_fit_of_the_summed_profiles(tmp_path):
+    """Two gloo ranks, each probing its own batch: recluster() fits on the profiles summed over the
+    ranks (cluster_units on the sum, computed here), every rank gets the same permutation; ranks that
+    recorded different shapes get a ValueError on every rank, not a hang."""
+    from sparse_compile.clustering import cluster_units
+
+    out = tmp_path / "units.json"
+    log = tmp_path / "units.log"
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, "-m", "tests.units_worker", _free_port(), str(out)], cwd=ROOT,
+                              stdout=f, stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, log.read_text()[-3000:]
+    r0, r1 = json.loads(out.read_text())
+    assert r0["sites"] == r1["sites"] == ["blocks.0", "blocks.1"]
+    for name in r0["sites"]:
+        p0, p1 = torch.tensor(r0["profiles"][name]), torch.tensor(r1["profiles"][name])
+        assert not torch.equal(p0, p1)  # the ranks saw different batches
+        want = cluster_units(p0 + p1, 8)
+        assert r0["perms"][name] == r1["perms"][name] == want.tolist(), name
+    alone = [cluster_units(torch.tensor(r["profiles"][n]), 8) for r in (r0, r1) for n in r0["sites"]]
+    # alone, the ranks would have fitted different permutations
+    assert any(not torch.equal(a, b) for a, b in zip(alone[:2], alone[2:], strict=True))
+    assert "ranks recorded different sites or profile shapes" in r0["error"] and r0["error"] == r1["error"]

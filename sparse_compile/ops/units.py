@@ -15,7 +15,10 @@ Re-clustering: inside ``with probe_units():`` every permuted site's forward also
 mass profiles of its H = relu(X W1^T + b1)^2 (in the units' own order; one extra F1 GEMM per site
 and call); ``recluster()`` then fits each site's permutation on what was recorded
 (sparse_compile.clustering.cluster_units) and clears the record. ``unit_permutations()`` and
-``load_unit_permutations()`` carry the state through a checkpoint.
+``load_unit_permutations()`` carry the state through a checkpoint. Under torch.distributed (DDP,
+FSDP2), every rank calls ``recluster()``: each site's profiles are summed over the ranks before
+the fit and the first rank's permutation is sent to all, so every rank runs the same permutation,
+fitted on the whole global batch.
 """
 
 import contextlib
@@ -112,17 +115,39 @@ def _set(site: _Site, perm: torch.Tensor) -> None:
         site.perm = perm.clone()
 
 
-def recluster() -> list[str]:
+def _recorded(group) -> list[tuple[str, torch.Tensor]]:
+    """(site, its profiles [h, blocks] concatenated) for every site with a record; under
+    torch.distributed, summed over the ranks of ``group``, after checking that every rank recorded
+    the same sites with the same shapes (else a ValueError on every rank, instead of a hang)."""
+    recorded = [(name, torch.cat(site.profiles, dim=1)) for name, site in _sites.items() if site.profiles]
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return recorded
+    mine = [(name, tuple(p.shape)) for name, p in recorded]
+    every = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(every, mine, group=group)
+    if any(other != mine for other in every):
+        raise ValueError(f"recluster: the ranks recorded different sites or profile shapes: {every}")
+    for _, profiles in recorded:
+        torch.distributed.all_reduce(profiles, group=group)
+    return recorded
+
+
+def recluster(group=None) -> list[str]:
     """Fit the permutation of every site with recorded profiles, on the device they were recorded on
     (a CUDA site's on its GPU: on the CPU, three training processes sharing 16 cores took about a
-    minute per re-clustering); clear the records. Returns the sites."""
+    minute per re-clustering); clear the records. Returns the sites. Under torch.distributed, call
+    it on every rank of ``group`` (default: all ranks): the fit reads the profiles summed over the
+    ranks, and every rank gets the first rank's permutation."""
     done = []
-    for name, site in _sites.items():
-        if not site.profiles:
-            continue
-        profiles = torch.cat(site.profiles, dim=1)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    for name, profiles in _recorded(group):
+        site = _sites[name]
         _, _, m = site.pattern
-        _set(site, cluster_units(profiles, m, site.chunk))
+        perm = cluster_units(profiles, m, site.chunk)
+        if distributed:  # the same fit on the same sums; sent anyway, so ranks never differ
+            first = 0 if group is None else torch.distributed.get_global_rank(group, 0)
+            torch.distributed.broadcast(perm, src=first, group=group)
+        _set(site, perm)
         site.profiles.clear()
         done.append(name)
     return done
