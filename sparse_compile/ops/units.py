@@ -115,7 +115,7 @@ def _set(site: _Site, perm: torch.Tensor) -> None:
         site.perm = perm.clone()
 
 
-def _recorded(group) -> list[tuple[str, torch.Tensor]]:
+def _recorded(group: "torch.distributed.ProcessGroup | None") -> list[tuple[str, torch.Tensor]]:
     """(site, its profiles [h, blocks] concatenated) for every site with a record; under
     torch.distributed, summed over the ranks of ``group``, after checking that every rank recorded
     the same sites with the same shapes (else a ValueError on every rank, instead of a hang)."""
@@ -132,7 +132,7 @@ def _recorded(group) -> list[tuple[str, torch.Tensor]]:
     return recorded
 
 
-def recluster(group=None) -> list[str]:
+def recluster(group: "torch.distributed.ProcessGroup | None" = None) -> list[str]:
     """Fit the permutation of every site with recorded profiles, on the device they were recorded on
     (a CUDA site's on its GPU: on the CPU, three training processes sharing 16 cores took about a
     minute per re-clustering); clear the records. Returns the sites. Under torch.distributed, call
