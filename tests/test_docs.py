@@ -177,16 +177,16 @@ def test_speed_quality_table_is_the_measured_csvs():
     permuted = lr5.format("default-permute-recluster100", "0.65_df746b1")
     sources[('default, `{"permute": true}`', "10% / 65%, re-clustered every 100 steps")] = (None, permuted)
     grid_a, grid_b = "h100_e2e_1.3b_grid-causal_0d605d1_e2e.csv", "h100_e2e_1.3b_grid-causal-b_0d605d1_e2e.csv"
-    for pattern, e2e, run in (
-        ("64:2:8", grid_b, "h100_{}_0d605d1"),
-        ("128:2:8", grid_a, "h200_{}_766dc59"),
-        ("128:2:16", grid_b, "h100_{}_0d605d1"),
-        ("64:2:16", grid_a, "h200_{}_766dc59"),
-        ("32:2:16", grid_a, "h200_{}_766dc59"),
+    for pattern, e2e, device, rev in (
+        ("64:2:8", grid_b, "h100", "0d605d1"),
+        ("128:2:8", grid_a, "h200", "766dc59"),
+        ("128:2:16", grid_b, "h100", "0d605d1"),
+        ("64:2:16", grid_a, "h200", "766dc59"),
+        ("32:2:16", grid_a, "h200", "766dc59"),
     ):  # issue 16's grid, causal, on the main job
         opts = f'{{"activations": "{pattern}", "causal": true}}'
-        name = lr5.format(pattern.replace(":", "-") + "-causal", "0.65").removeprefix("h100_").removesuffix(".csv")
-        sources[(f"`{opts}`", "10% / 65%")] = ((e2e, opts), run.format(name) + ".csv")
+        seeds = lr5.format(pattern.replace(":", "-") + "-causal", f"0.65_{rev}").replace("h100_", f"{device}_", 1)
+        sources[(f"`{opts}`", "10% / 65%")] = ((e2e, opts), seeds)
     sources[("128 rows", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
     sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
     lr1 = "128 rows, peak lr 1e-3"

@@ -115,12 +115,16 @@ def _set(site: _Site, perm: torch.Tensor) -> None:
         site.perm = perm.clone()
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def _recorded(group: "torch.distributed.ProcessGroup | None") -> list[tuple[str, torch.Tensor]]:
     """(site, its profiles [h, blocks] concatenated) for every site with a record; under
     torch.distributed, summed over the ranks of ``group``, after checking that every rank recorded
     the same sites with the same shapes (else a ValueError on every rank, instead of a hang)."""
     recorded = [(name, torch.cat(site.profiles, dim=1)) for name, site in _sites.items() if site.profiles]
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not _distributed():
         return recorded
     mine = [(name, tuple(p.shape)) for name, p in recorded]
     every = [None] * torch.distributed.get_world_size(group)
@@ -139,13 +143,13 @@ def recluster(group: "torch.distributed.ProcessGroup | None" = None) -> list[str
     it on every rank of ``group`` (default: all ranks): the fit reads the profiles summed over the
     ranks, and every rank gets the first rank's permutation."""
     done = []
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    distributed = _distributed()
+    first = 0 if group is None or not distributed else torch.distributed.get_global_rank(group, 0)
     for name, profiles in _recorded(group):
         site = _sites[name]
         _, _, m = site.pattern
         perm = cluster_units(profiles, m, site.chunk)
         if distributed:  # the same fit on the same sums; sent anyway, so ranks never differ
-            first = 0 if group is None else torch.distributed.get_global_rank(group, 0)
             torch.distributed.broadcast(perm, src=first, group=group)
         _set(site, perm)
         site.profiles.clear()
