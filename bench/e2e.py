@@ -182,6 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", help="cache folder of the corpus (default: ~/.cache/sparse_compile)")
     p.add_argument("--distributed", choices=distributed.MODES, default="none", help="ddp or fsdp, under torchrun")
     p.add_argument("--baseline", type=Path, help="e2e.csv of a one-GPU run: per-GPU throughput against it")
+    distributed.add_fsdp_args(p)
     p.add_argument(
         "--compile-mode",
         choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
@@ -198,6 +199,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [s for s in args.sizes if s not in SIZES]
     if bad:
         p.error(f"--sizes: {bad} not among {sorted(SIZES)}")
+    args.fsdp = distributed.fsdp_options(args, p)
     args.configs = args.configs or (GPU_CONFIGS if gpu else ["dense", "default"])
     for label in args.configs:
         if label != "dense":
@@ -257,11 +259,11 @@ def run_one(
     n_reports = len(sparse_compile.compile_reports())
     mode = None if args.compile_mode == "default" else args.compile_mode
     if label == "dense":
-        compiled = distributed.compile_model(model, d, mode=mode)
+        compiled = distributed.compile_model(model, d, args.fsdp, mode=mode)
     else:
         options = backend_options(label) | ({"mode": mode} if mode else {})
-        compiled = distributed.compile_model(model, d, backend="sparse", options=options)
-    opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu and d.mode != "fsdp")  # FSDP2 shards: default path
+        compiled = distributed.compile_model(model, d, args.fsdp, backend="sparse", options=options)
+    opt = model.adamw(lr=1e-4, weight_decay=0.1, fused=gpu)
     batches = Batches(corpus.train, args.batch_size, args.seq_len, seed=1, rank=d.rank, world=d.world)
     data = [batches.next(device) for _ in range(DATA_BATCHES)]
     sparse_compile.set_phase("sparse")
@@ -474,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{args.batch_size} x {args.seq_len} tokens per step"
         + (f" per GPU x {d.world} GPUs ({d.mode})" if d.world > 1 else "")
+        + (f", FSDP2 {args.fsdp.describe()}" if d.mode == "fsdp" else "")
         + f", bf16 autocast on CUDA, fused AdamW on CUDA, {args.steps} timed steps after {args.warmup}"
         + (f", torch.compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
         + "\n"

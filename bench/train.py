@@ -179,6 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="none",
         help="ddp or fsdp (FSDP2): launch with torchrun --nproc-per-node N -m bench.train ...",
     )
+    distributed.add_fsdp_args(p)
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -235,6 +236,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.deadline = None if args.time_limit is None else time.perf_counter() + args.time_limit
     if (args.save_every or args.stop_at or args.time_limit or args.resume) and args.distributed != "none":
         p.error("--save-every, --stop-at, --time-limit and --resume run on one process (not with --distributed)")
+    args.fsdp = distributed.fsdp_options(args, p)
     if args.resume:
         args.out = args.resume
     try:
@@ -367,8 +369,7 @@ def _lr(step: int, args: argparse.Namespace) -> float:
 
 
 def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
-    fused = args.device == "cuda" and args.distributed != "fsdp"  # FSDP2's DTensor shards: the default path
-    return model.adamw(args.lr, args.weight_decay, fused)
+    return model.adamw(args.lr, args.weight_decay, fused=args.device == "cuda")
 
 
 VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and the batch order)
@@ -394,9 +395,9 @@ def train_one(
     model = GPT(SIZES[args.size]).to(device)
     if name == "dense":
         mode = None if args.compile_mode == "default" else args.compile_mode
-        compiled = distributed.compile_model(model, d, mode=mode)
+        compiled = distributed.compile_model(model, d, args.fsdp, mode=mode)
     else:
-        compiled = distributed.compile_model(model, d, backend="sparse", options=args.options)
+        compiled = distributed.compile_model(model, d, args.fsdp, backend="sparse", options=args.options)
     opt = _optimizer(model, args)
     batches = Batches(corpus.train, args.batch_size, args.seq_len, args.seed + 1, d.rank, d.world)
     gpu = device.type == "cuda"
@@ -635,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "
         f"{args.batch_size}x{args.seq_len} tokens"
         + (f" per rank x {d.world} ranks ({d.mode})" if d.world > 1 else "")
+        + (f", FSDP2 {args.fsdp.describe()}" if d.mode == "fsdp" else "")
         + f"; peak lr {args.lr:g}, warm-up {_lr_warmup_steps(args)} steps, cosine to 0.1x"
         + f"; corpus {corpus.n_files} files of {corpus.source} "
         f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
