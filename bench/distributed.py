@@ -35,62 +35,79 @@ class Dist:
 
 @dataclass(frozen=True)
 class FSDPOptions:
-    """How FSDP2 shards the blocks. ``reshard_after_forward``: free each block's all-gathered
-    parameters after its forward (all-gathered again for its backward; False keeps them, one
-    all-gather per step at the memory of unsharded blocks). ``prefetch``: 0 leaves FSDP2's implicit
-    prefetching (the next block's all-gather issued when the host reaches it); N > 0 issues the
-    all-gathers of the next N blocks in forward and of the previous N in backward
-    (``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``). ``param_dtype``:
-    'float32' all-gathers the float32 parameters (autocast casts them inside each block's graph);
-    'bfloat16' all-gathers bf16 copies (MixedPrecisionPolicy, gradients reduced in float32): half
-    the bytes, and the blocks see bf16 weights, norms included."""
+    """How FSDP2 shards the blocks (bench/RESULTS.md section 5 measured each at 1.3B on 2 x H200).
 
-    reshard_after_forward: bool = True
+    ``reshard_after_forward``: free each unit's all-gathered parameters after its forward (all-gathered
+    again for its backward); False keeps them until the backward: one all-gather per unit per step,
+    the memory of the unsharded blocks held through the step. ``prefetch``: 0 leaves FSDP2's
+    implicit prefetching (a unit's all-gather issued when the host reaches it); N > 0 issues the
+    all-gathers of the next N units in forward and of the previous N in backward. ``unit``: blocks
+    per FSDP unit (one all-gather and one reduce-scatter per unit, so fewer hooks for the host to
+    run). ``param_dtype``: the blocks' all-gathered parameters: 'float32', or 'bfloat16'
+    (MixedPrecisionPolicy, gradients reduced in float32, the blocks' inputs not cast), which halves
+    the bytes and under bf16 autocast gives the matmuls the same bf16 weights autocast would (the
+    norms' weights become bf16-rounded); 'auto': bfloat16 on CUDA, float32 on CPU (no autocast).
+    The embedding, final norm and head (the root unit) stay float32."""
+
+    reshard_after_forward: bool = False
     prefetch: int = 0
-    param_dtype: str = "float32"
+    unit: int = 1
+    param_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
             raise ValueError(f"FSDP prefetch {self.prefetch}: expected an int >= 0")
+        if self.unit < 1:
+            raise ValueError(f"FSDP unit {self.unit}: expected blocks per unit >= 1")
         if self.param_dtype not in PARAM_DTYPES:
             raise ValueError(f"FSDP param_dtype {self.param_dtype!r}: expected one of {PARAM_DTYPES}")
 
-    def describe(self) -> str:
+    def dtype(self, device_type: str) -> str:
+        """The blocks' parameter dtype on ``device_type`` ('auto' resolved)."""
+        if self.param_dtype != "auto":
+            return self.param_dtype
+        return "bfloat16" if device_type == "cuda" else "float32"
+
+    def describe(self, device_type: str) -> str:
         return (
             f"reshard_after_forward={self.reshard_after_forward}, prefetch={self.prefetch or 'implicit'}, "
-            f"param_dtype={self.param_dtype}"
+            f"{self.unit} block(s) per unit, block params {self.dtype(device_type)}"
         )
 
 
-PARAM_DTYPES = ("float32", "bfloat16")
+PARAM_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def add_fsdp_args(p: argparse.ArgumentParser) -> None:
-    """--fsdp-reshard, --fsdp-prefetch, --fsdp-param-dtype (used with --distributed fsdp)."""
+    """--fsdp-reshard, --fsdp-prefetch, --fsdp-unit, --fsdp-param-dtype (with --distributed fsdp)."""
     p.add_argument(
-        "--fsdp-reshard", choices=("yes", "no"), default="yes",
-        help="FSDP2 blocks' reshard_after_forward (no: keep each block's gathered parameters until its backward)",
+        "--fsdp-reshard", choices=("yes", "no"), default="no",
+        help="FSDP2 units' reshard_after_forward (yes: free the gathered parameters after the forward, "
+        "all-gather them again for the backward)",
     )  # fmt: skip
     p.add_argument(
         "--fsdp-prefetch", type=int, default=0,
-        help="FSDP2: all-gather the next N blocks ahead in forward and backward (0: FSDP2's implicit prefetch)",
+        help="FSDP2: all-gather the next N units ahead in forward and backward (0: FSDP2's implicit prefetch)",
     )  # fmt: skip
+    p.add_argument("--fsdp-unit", type=int, default=1, help="FSDP2: transformer blocks per FSDP unit")
     p.add_argument(
-        "--fsdp-param-dtype", choices=PARAM_DTYPES, default="float32",
-        help="FSDP2: dtype of the all-gathered parameters (bfloat16: MixedPrecisionPolicy, float32 reduction)",
+        "--fsdp-param-dtype", choices=PARAM_DTYPES, default="auto",
+        help="FSDP2: dtype of the blocks' all-gathered parameters (bfloat16: MixedPrecisionPolicy, float32 "
+        "reduction; auto: bfloat16 on CUDA, float32 on CPU)",
     )  # fmt: skip
 
 
 def fsdp_options(args: argparse.Namespace, p: argparse.ArgumentParser) -> FSDPOptions:
     """FSDPOptions from add_fsdp_args' flags; a bad value is the parser's error."""
-    if args.distributed != "fsdp" and (args.fsdp_reshard, args.fsdp_prefetch, args.fsdp_param_dtype) != (
-        "yes", 0, "float32"
-    ):  # fmt: skip
+    given = (args.fsdp_reshard, args.fsdp_prefetch, args.fsdp_unit, args.fsdp_param_dtype)
+    if args.distributed != "fsdp" and given != ("no", 0, 1, "auto"):
         p.error(f"--fsdp-* flags apply with --distributed fsdp, not --distributed {args.distributed}")
+    if args.fsdp_param_dtype == "bfloat16" and args.device == "cpu":
+        p.error("--fsdp-param-dtype bfloat16 needs --device cuda (bf16 autocast); the CPU runs float32")
     try:
-        return FSDPOptions(args.fsdp_reshard == "yes", args.fsdp_prefetch, args.fsdp_param_dtype)
+        return FSDPOptions(args.fsdp_reshard == "yes", args.fsdp_prefetch, args.fsdp_unit, args.fsdp_param_dtype)
     except ValueError as e:
-        p.error(f"--fsdp-prefetch {args.fsdp_prefetch}: {e}")
+        p.error(f"--fsdp-prefetch {args.fsdp_prefetch}, --fsdp-unit {args.fsdp_unit}: {e}")
         raise
 
 
@@ -130,16 +147,19 @@ def wrap(model: nn.Module, d: Dist, fsdp: FSDPOptions | None = None) -> nn.Modul
 
         fsdp = fsdp or FSDPOptions()
         mp = MixedPrecisionPolicy()
-        if fsdp.param_dtype == "bfloat16":
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if fsdp.dtype(next(model.parameters()).device.type) == "bfloat16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
         blocks = list(model.blocks)
-        for block in blocks:
-            fully_shard(block, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        units = [blocks[i : i + fsdp.unit] for i in range(0, len(blocks), fsdp.unit)]
+        for unit in units:
+            module = unit if len(unit) > 1 else unit[0]
+            fully_shard(module, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=mp)
+        fully_shard(model)
         if fsdp.prefetch:
-            for i, block in enumerate(blocks):
-                block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + fsdp.prefetch])
-                block.set_modules_to_backward_prefetch(blocks[max(0, i - fsdp.prefetch) : i][::-1])
+            first = [unit[0] for unit in units]
+            for i, m in enumerate(first):
+                m.set_modules_to_forward_prefetch(first[i + 1 : i + 1 + fsdp.prefetch])
+                m.set_modules_to_backward_prefetch(first[max(0, i - fsdp.prefetch) : i][::-1])
     return model
 
 

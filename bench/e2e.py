@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{args.batch_size} x {args.seq_len} tokens per step"
         + (f" per GPU x {d.world} GPUs ({d.mode})" if d.world > 1 else "")
-        + (f", FSDP2 {args.fsdp.describe()}" if d.mode == "fsdp" else "")
+        + (f", FSDP2 {args.fsdp.describe(args.device)}" if d.mode == "fsdp" else "")
         + f", bf16 autocast on CUDA, fused AdamW on CUDA, {args.steps} timed steps after {args.warmup}"
         + (f", torch.compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
         + "\n"

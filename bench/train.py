@@ -636,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model {args.size} ({GPT(SIZES[args.size]).num_params() / 1e6:.1f}M params), {args.steps} steps x "
         f"{args.batch_size}x{args.seq_len} tokens"
         + (f" per rank x {d.world} ranks ({d.mode})" if d.world > 1 else "")
-        + (f", FSDP2 {args.fsdp.describe()}" if d.mode == "fsdp" else "")
+        + (f", FSDP2 {args.fsdp.describe(args.device)}" if d.mode == "fsdp" else "")
         + f"; peak lr {args.lr:g}, warm-up {_lr_warmup_steps(args)} steps, cosine to 0.1x"
         + f"; corpus {corpus.n_files} files of {corpus.source} "
         f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
