@@ -6,8 +6,9 @@ FFN chain (README, "Distributed"). FSDP2 is set up as PyTorch documents it for c
 each transformer block compiled on its own (``Module.compile``: one graph per block), then
 ``fully_shard`` per block and on the root, so FSDP's all-gather / reduce-scatter hooks run between
 the block graphs and can prefetch and overlap; the embedding, final norm and head run eagerly.
-``FSDPOptions`` (--fsdp-reshard, --fsdp-prefetch, --fsdp-param-dtype) sets the blocks'
-reshard_after_forward, an explicit prefetch depth and the all-gathered parameters' dtype.
+``FSDPOptions`` (--fsdp-unit, --fsdp-reshard, --fsdp-prefetch, --fsdp-param-dtype) sets the blocks
+per unit, the units' reshard_after_forward, an explicit prefetch depth and the blocks' all-gathered
+dtype; its defaults are the fastest measured at 1.3B on 2 x H200 (bench/RESULTS.md section 5).
 """
 
 import argparse
@@ -51,7 +52,7 @@ class FSDPOptions:
 
     reshard_after_forward: bool = False
     prefetch: int = 0
-    unit: int = 1
+    unit: int = 4
     param_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -89,7 +90,7 @@ def add_fsdp_args(p: argparse.ArgumentParser) -> None:
         "--fsdp-prefetch", type=int, default=0,
         help="FSDP2: all-gather the next N units ahead in forward and backward (0: FSDP2's implicit prefetch)",
     )  # fmt: skip
-    p.add_argument("--fsdp-unit", type=int, default=1, help="FSDP2: transformer blocks per FSDP unit")
+    p.add_argument("--fsdp-unit", type=int, default=4, help="FSDP2: transformer blocks per FSDP unit")
     p.add_argument(
         "--fsdp-param-dtype", choices=PARAM_DTYPES, default="auto",
         help="FSDP2: dtype of the blocks' all-gathered parameters (bfloat16: MixedPrecisionPolicy, float32 "
@@ -100,7 +101,7 @@ def add_fsdp_args(p: argparse.ArgumentParser) -> None:
 def fsdp_options(args: argparse.Namespace, p: argparse.ArgumentParser) -> FSDPOptions:
     """FSDPOptions from add_fsdp_args' flags; a bad value is the parser's error."""
     given = (args.fsdp_reshard, args.fsdp_prefetch, args.fsdp_unit, args.fsdp_param_dtype)
-    if args.distributed != "fsdp" and given != ("no", 0, 1, "auto"):
+    if args.distributed != "fsdp" and given != ("no", 0, 4, "auto"):
         p.error(f"--fsdp-* flags apply with --distributed fsdp, not --distributed {args.distributed}")
     if args.fsdp_param_dtype == "bfloat16" and args.device == "cpu":
         p.error("--fsdp-param-dtype bfloat16 needs --device cuda (bf16 autocast); the CPU runs float32")

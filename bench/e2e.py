@@ -44,9 +44,10 @@ Writes e2e.csv (one row per configuration), kernels.csv (the heaviest kernels of
 summary.txt (header, table, the sparse configurations' site reports) to --out.
 
 Many GPUs: torchrun --nproc-per-node N -m bench.e2e --distributed ddp|fsdp (bench/distributed.py:
-DDP, or FSDP2 with each block compiled in place). --batch-size is per GPU; every rank runs the
-same steps, rank 0 times them and writes. tokens/s counts all GPUs, "per GPU" divides by N, and
---baseline E2E_CSV (a one-GPU run of the same sizes and configurations) adds each row's per-GPU
+DDP, or FSDP2 with each block compiled in place and sharded in units of --fsdp-unit blocks).
+--batch-size is per GPU; every rank runs the same steps, rank 0 times them and writes. tokens/s
+counts all GPUs, "per GPU" divides by N, and --baseline E2E_CSV (a one-GPU run of the same sizes
+and configurations) adds each row's per-GPU
 throughput against one GPU.
 """
 

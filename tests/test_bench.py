@@ -151,6 +151,10 @@ def test_train_smoke_on_cpu(tmp_path):
         (["--dense-every", "1"], "--dense-every 1: PhaseSchedule.dense_every=1: expected 0 (never) or an int >= 2"),
         (["--final-dense-frac", "-0.1"], "--final-dense-frac: '-0.1': expected a fraction in [0, 1]"),
         (["--lr-warmup-frac", "1.5"], "--lr-warmup-frac: '1.5': expected a fraction in [0, 1]"),
+        (["--fsdp-unit", "2"], "--fsdp-* flags apply with --distributed fsdp, not --distributed none"),
+        (["--distributed", "fsdp", "--fsdp-unit", "0"], "--fsdp-unit 0: FSDP unit 0: expected blocks per unit >= 1"),
+        (["--distributed", "fsdp", "--fsdp-prefetch", "-1"], "FSDP prefetch -1: expected an int >= 0"),
+        (["--device", "cpu", "--distributed", "fsdp", "--fsdp-param-dtype", "bfloat16"], "needs --device cuda"),
     ],
 )
 def test_bad_arguments_exit_non_zero(args, message, capsys):

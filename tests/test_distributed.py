@@ -87,7 +87,7 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
     assert (dense - single).abs().max() > 1e-3  # the comparison can tell sparse from dense
 
 
-def _train(out: Path, batch_size: int, mode: str = "none") -> str:
+def _train(out: Path, batch_size: int, mode: str = "none", extra: tuple[str, ...] = ()) -> str:
     """bench.train (sparse run only, 4 steps), under torchrun with 2 ranks unless mode is none; its log."""
     cmd = [sys.executable]
     if mode != "none":
@@ -95,7 +95,7 @@ def _train(out: Path, batch_size: int, mode: str = "none") -> str:
     cmd += ["-m", "bench.train", "--distributed", mode, "--runs", "sparse", "--steps", "4"]
     # sequences of 128 tokens: the default's causal V=128 blocks, one per sequence on every rank
     cmd += ["--batch-size", str(batch_size), "--seq-len", "128", "--log-every", "2", "--eval-every", "2"]
-    cmd += ["--eval-iters", "1", "--no-progress", "--out", str(out)]
+    cmd += ["--eval-iters", "1", "--no-progress", "--out", str(out), *extra]
     log = out.with_suffix(".log")
     with open(log, "w") as f:
         done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300)
@@ -116,15 +116,26 @@ def one_process_batch_4(tmp_path_factory) -> torch.Tensor:
     return _losses(out)
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_train_script_under_torchrun(tmp_path, mode, one_process_batch_4):
+@pytest.mark.parametrize(
+    "mode, extra",
+    [
+        ("ddp", ()),
+        ("fsdp", ()),  # the 4 blocks in one unit (--fsdp-unit 4), no resharding
+        ("fsdp", ("--fsdp-unit", "3", "--fsdp-reshard", "yes", "--fsdp-prefetch", "1")),  # units of 3 and 1
+    ],
+    ids=["ddp", "fsdp", "fsdp-units-reshard-prefetch"],
+)
+def test_train_script_under_torchrun(tmp_path, mode, extra, one_process_batch_4):
     """torchrun --nproc-per-node 2 -m bench.train --distributed MODE --batch-size 2: every FFN sparse,
     rank 0 writes, and the train and validation losses equal one process at --batch-size 4 (the two
-    ranks split the same global batches)."""
+    ranks split the same global batches), whatever FSDP2's units, resharding and prefetching."""
     out = tmp_path / mode
-    text = _train(out, batch_size=2, mode=mode)
+    text = _train(out, batch_size=2, mode=mode, extra=extra)
     summary = (out / "summary.txt").read_text()
     assert "per rank x 2 ranks" in summary and " 0 dense " in summary and "sparse FFN site(s)" in summary
+    if mode == "fsdp":  # the settings the run used, as the summary states them (CPU: float32 blocks)
+        units = ("True, prefetch=1, 3 block(s)" if extra else "False, prefetch=implicit, 4 block(s)") + " per unit"
+        assert f"FSDP2 reshard_after_forward={units}, block params float32" in summary
     assert text.count("wrote ") == 1  # rank 0 only
     rows = (out / "log.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 and rows[1].startswith("sparse,2,")

@@ -211,3 +211,29 @@ def test_speed_quality_table_is_the_measured_csvs():
         diff = f"{float(s['diff_mean']):+.2%} ± {float(s['diff_se']):.2%}"
         want = [speedup, diff, f"{float(s['kept_mean']):.3f}", str(len(rows) - 1)]
         assert cells[2:] == want, cells[0]
+
+
+def test_distributed_table_is_the_measured_csvs():
+    """The README's distributed table and RESULTS section 5's current table: per-GPU throughput
+    against one GPU and the default's speedup, from the 2 x H200 CSVs of one run."""
+    import csv
+
+    res = ROOT / "bench" / "results"
+    runs = {"one GPU": "one", "DDP": "ddp", "FSDP2": "fsdp-unit4"}
+    rows = {
+        (mode, r["config"]): r
+        for mode, name in runs.items()
+        for r in csv.DictReader(open(res / f"h200x2_e2e_1.3b_{name}_73c52fc_e2e.csv"))
+    }
+    readme = {_cells(line)[0].split(" (")[0]: _cells(line) for line in _table_after(README, "| | dense, per GPU")[2:]}
+    assert set(readme) == set(runs)
+    for mode, cells in readme.items():
+        assert cells[1] == ("1" if mode == "one GPU" else rows[(mode, "dense")]["vs_one_gpu"]), mode
+        assert cells[2] == f"{float(rows[(mode, 'default')]['speedup']):.3f}x", mode
+    table = _table_after(RESULTS, "| mode | config | tokens/s, all GPUs | per GPU | vs one GPU |")[2:]
+    assert len(table) == 6
+    for line in table:
+        cells = _cells(line)
+        row = rows[(cells[0], cells[1])]
+        assert cells[2] == f"{int(row['tokens_per_s']):,}" and cells[3] == f"{int(row['tokens_per_s_per_gpu']):,}"
+        assert cells[4] == (row["vs_one_gpu"] or "1") and cells[8] == f"{float(row['speedup']):.3f}x"

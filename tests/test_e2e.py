@@ -206,7 +206,7 @@ def test_e2e_compile_mode_reaches_both_compiles(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_compile(model, d, **kwargs):  # records the call, returns the eager model
+    def fake_compile(model, d, fsdp=None, **kwargs):  # records the call, returns the eager model
         seen.append(kwargs.get("mode") or kwargs.get("options", {}).get("mode"))
         return model
 
