@@ -4,8 +4,9 @@
 DDP runs with torch._dynamo.config.optimize_ddp = False in both arms, so no bucket boundary cuts an
 FFN chain (README, "Distributed"). FSDP2 is set up as PyTorch documents it for compiled training:
 each transformer block compiled on its own (``Module.compile``: one graph per block), then
-``fully_shard`` per block and on the root, so FSDP's all-gather / reduce-scatter hooks run between
-the block graphs and can prefetch and overlap; the embedding, final norm and head run eagerly.
+``fully_shard`` per unit of blocks and on the root, so FSDP's all-gather / reduce-scatter hooks run
+between the block graphs and can prefetch and overlap; the embedding, final norm and head run
+eagerly.
 ``FSDPOptions`` (--fsdp-unit, --fsdp-reshard, --fsdp-prefetch, --fsdp-param-dtype) sets the blocks
 per unit, the units' reshard_after_forward, an explicit prefetch depth and the blocks' all-gathered
 dtype; its defaults are the fastest measured at 1.3B on 2 x H200 (bench/RESULTS.md section 5).
@@ -136,7 +137,8 @@ def compile_model(model: nn.Module, d: Dist, fsdp: FSDPOptions | None = None, **
 
 
 def wrap(model: nn.Module, d: Dist, fsdp: FSDPOptions | None = None) -> nn.Module:
-    """DDP(model), or ``model`` itself after fully_shard per block and on the root (FSDP2)."""
+    """DDP(model), or ``model`` itself after fully_shard per unit of ``fsdp.unit`` blocks and on the
+    root (FSDP2)."""
     if d.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
