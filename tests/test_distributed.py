@@ -165,3 +165,41 @@ def test_recluster_under_torch_distributed_gives_every_rank_the_fit_of_the_summe
     # alone, the ranks would have fitted different permutations
     assert any(not torch.equal(a, b) for a, b in zip(alone[:2], alone[2:], strict=True))
     assert "ranks recorded different sites or profile shapes" in r0["error"] and r0["error"] == r1["error"]
+
+
+FSDP_DTYPES = """
+import os, sys, torch, torch.distributed as dist
+from bench import distributed
+from bench.model import GPT, GPTConfig
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+model = GPT(GPTConfig(block_size=32, n_layer=5, n_head=2, n_embd=64))
+options = distributed.FSDPOptions(unit=2, param_dtype=sys.argv[2])
+distributed.wrap(model, distributed.Dist("fsdp", 0, 1, 0), options)
+seen = {}
+def light(i, b):
+    def forward(x):  # the parameters FSDP hands the block's forward, in a cheap function of x
+        seen[i] = sorted({str(p.dtype).removeprefix("torch.") for p in b.parameters()})
+        return x + 0.0 * sum(p.float().sum() for p in b.parameters())
+    return forward
+for i, b in enumerate(model.blocks):
+    b.forward = light(i, b)
+before = type(model.blocks[0].ln_1.weight).__name__
+model(torch.randint(0, 256, (2, 32)))
+after = type(model.blocks[0].ln_1.weight).__name__
+print(seen, str(model.wte.weight.dtype).removeprefix("torch."), before, after)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fsdp_param_dtype_reaches_the_blocks_not_the_root(dtype):
+    """FSDPOptions(param_dtype=...): inside their forward every block's parameters are that dtype
+    (FSDP2's MixedPrecisionPolicy on the units), the embedding stays float32; before the forward the
+    blocks hold their shards (DTensors), after it the gathered parameters (no resharding by default)."""
+    cmd = [sys.executable, "-c", FSDP_DTYPES, _free_port(), dtype]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    blocks = {i: [dtype] for i in range(5)}
+    assert done.stdout.strip().splitlines()[-1] == f"{blocks} float32 DTensor Parameter"
