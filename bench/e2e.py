@@ -346,7 +346,9 @@ def run_one(
                     for g, k, ms in kernels[: args.top]
                 ]
                 calls = [{"size": size, "config": label, **c} for c in host_calls(trace, args.profile_steps, args.top)]
-    profile = host_profile(step, args.profile_steps, sync, gpu) if args.host_profile and d.main else ""
+    # every rank runs the profiled steps (their collectives need all ranks); rank 0 keeps the text
+    profile = host_profile(step, args.profile_steps, sync, gpu) if args.host_profile else ""
+    profile = profile if d.main else ""
     if args.dense_steps:
         row.update(dense_phase_steps(step, args.dense_steps, sync, device))
     reports = sparse_compile.compile_reports()[n_reports:]

@@ -221,7 +221,8 @@ def test_e2e_compile_mode_reaches_both_compiles(tmp_path, monkeypatch):
 def test_e2e_under_torchrun_against_one_process(tmp_path, mode):
     """torchrun --nproc-per-node 2 -m bench.e2e --distributed MODE --baseline ONE/e2e.csv: rank 0 writes
     one row per configuration with 2 GPUs, per-GPU tokens/s and their ratio to the one-process run;
-    every FFN stays sparse (FSDP2: the one block graph every block reuses)."""
+    every FFN stays sparse (FSDP2: the one block graph every block reuses). With --host-profile every
+    rank runs the profiled steps (rank 0 alone would wait on the others in their collectives)."""
     one = tmp_path / "one"
     common = ["--device", "cpu", "--configs", "dense", "default", "--steps", "1", "--warmup", "1", "--batch-size", "2"]
     assert e2e_main([*common, "--out", str(one)]) == 0
@@ -231,11 +232,11 @@ def test_e2e_under_torchrun_against_one_process(tmp_path, mode):
     out = tmp_path / mode
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port]
     cmd = [*torchrun, "-m", "bench.e2e", "--distributed", mode, *common, "--baseline", str(one / "e2e.csv")]
-    cmd += ["--out", str(out)]
+    cmd += ["--out", str(out), "--host-profile", "--profile-steps", "1"]
     log = tmp_path / f"{mode}.log"
     with open(log, "w") as f:
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, stdout=f, stderr=subprocess.STDOUT,
-                              timeout=600)  # fmt: skip
+                              timeout=300)  # fmt: skip
     assert done.returncode == 0, log.read_text()[-3000:]
     rows = list(csv.DictReader(open(out / "e2e.csv")))
     assert [(r["config"], r["gpus"], r["distributed"]) for r in rows] == [("dense", "2", mode), ("default", "2", mode)]
@@ -244,6 +245,7 @@ def test_e2e_under_torchrun_against_one_process(tmp_path, mode):
         assert float(r["vs_one_gpu"]) > 0
     assert rows[1]["sites"] == ("1/1 sparse: reference" if mode == "fsdp" else "4/4 sparse: reference")
     assert "per GPU x 2 GPUs" in (out / "summary.txt").read_text()
+    assert (out / "host_profile.txt").read_text().count("steps, ") == 2  # each configuration, from rank 0
 
 
 def test_dense_phase_steps_run_in_the_dense_phase_and_time_all_but_two(tmp_path):
