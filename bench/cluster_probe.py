@@ -141,21 +141,19 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"step": step, "pattern": text, "variant": name,
                                  "kept": kept_mass(held, (v, n, m), c, seq=seq, score=s), "agree": agree})  # fmt: skip
                     print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}, agree {agree:.3f}", flush=True)
-            if args.no_cluster:  # the units' own order only
-                kept = kept_mass(held, (v, n, m), c)
-                rows.append({"step": step, "pattern": text, "variant": "identity", "kept": kept})
-                print(f"  {text:>12} {'identity':>22}: kept {rows[-1]['kept']:.4f}", flush=True)
-                continue
-            t0 = time.perf_counter()
-            profiles = [block_mass(h, v) for h in fit]  # fitted where H is (the GPU on CUDA)
-            perms = [cluster_units(pr, m, c) for pr in profiles]
-            fit_s = time.perf_counter() - t0
-            variants = {"identity": None, "clustered": perms}
-            if c > 1:
-                variants["chunks only"] = [cluster_units(pr, m, c, group=False) for pr in profiles]
-            if text in previous:
-                variants["stale (previous fit)"] = previous[text]
-            previous[text] = perms
+            variants = {"identity": None}
+            fit_s = 0.0
+            if not args.no_cluster:
+                t0 = time.perf_counter()
+                profiles = [block_mass(h, v) for h in fit]  # fitted where H is (the GPU on CUDA)
+                perms = [cluster_units(pr, m, c) for pr in profiles]
+                fit_s = time.perf_counter() - t0
+                variants["clustered"] = perms
+                if c > 1:
+                    variants["chunks only"] = [cluster_units(pr, m, c, group=False) for pr in profiles]
+                if text in previous:
+                    variants["stale (previous fit)"] = previous[text]
+                previous[text] = perms
             for name, ps in variants.items():
                 rows.append({"step": step, "pattern": text, "variant": name, "kept": kept_mass(held, (v, n, m), c, ps),
                              "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip

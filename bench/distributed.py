@@ -101,8 +101,8 @@ def add_fsdp_args(p: argparse.ArgumentParser) -> None:
 
 def fsdp_options(args: argparse.Namespace, p: argparse.ArgumentParser) -> FSDPOptions:
     """FSDPOptions from add_fsdp_args' flags; a bad value is the parser's error."""
-    given = (args.fsdp_reshard, args.fsdp_prefetch, args.fsdp_unit, args.fsdp_param_dtype)
-    if args.distributed != "fsdp" and given != ("no", 0, 4, "auto"):
+    flags = ("fsdp_reshard", "fsdp_prefetch", "fsdp_unit", "fsdp_param_dtype")
+    if args.distributed != "fsdp" and any(getattr(args, f) != p.get_default(f) for f in flags):
         p.error(f"--fsdp-* flags apply with --distributed fsdp, not --distributed {args.distributed}")
     if args.fsdp_param_dtype == "bfloat16" and args.device == "cpu":
         p.error("--fsdp-param-dtype bfloat16 needs --device cuda (bf16 autocast); the CPU runs float32")

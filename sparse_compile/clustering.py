@@ -139,8 +139,9 @@ def chunk_units(profiles: torch.Tensor, c: int, iters: int = 10) -> torch.Tensor
         assign = new
         # exactly c units per cluster: the sum over a cluster is a sum over c consecutive rows of x
         # in cluster order (no atomics: the same result on every device and run)
-        cent = _normalized(x[torch.argsort(assign, stable=True)].reshape(k, c, -1).sum(dim=1))
-    return torch.argsort(assign, stable=True).reshape(k, c)
+        order = torch.argsort(assign, stable=True)
+        cent = _normalized(x[order].reshape(k, c, -1).sum(dim=1))
+    return order.reshape(k, c)
 
 
 def group_chunks(profiles: torch.Tensor, m: int) -> torch.Tensor:
