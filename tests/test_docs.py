@@ -187,6 +187,17 @@ def test_speed_quality_table_is_the_measured_csvs():
         opts = f'{{"activations": "{pattern}", "causal": true}}'
         seeds = lr5.format(pattern.replace(":", "-") + "-causal", f"0.65_{rev}").replace("h100_", f"{device}_", 1)
         sources[(f"`{opts}`", "10% / 65%")] = ((e2e, opts), seeds)
+    e2e_k = "h200_e2e_1.3b_unchunked-causal-permuted_f650813_e2e.csv"  # one H200, beside dense and the default
+    reclustered = "10% / 65%, re-clustered every 100 steps"
+    for pattern, timed in (("64:2:8", False), ("128:2:8", True), ("128:2:16", False), ("64:2:16", False),
+                           ("32:2:16", False), ("128:4:16", True)):  # fmt: skip
+        opts = f'{{"activations": "{pattern}", "causal": true, "permute": true}}'
+        seeds = lr5.format(pattern.replace(":", "-") + "-causal-permute-recluster100", "0.65_f650813")
+        sources[(f"`{opts}`", reclustered)] = ((e2e_k, opts) if timed else None, seeds.replace("h100_", "h200_", 1))
+    for pattern in ("128:4:16", "128:4:8"):  # unchunked, causal, the default's schedule
+        opts = f'{{"activations": "{pattern}", "causal": true}}'
+        seeds = lr5.format(pattern.replace(":", "-") + "-causal", "0.65_f650813").replace("h100_", "h200_", 1)
+        sources[(f"`{opts}`", "10% / 65%")] = ((e2e_k, opts), seeds)
     sources[("128 rows", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
     sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
     lr1 = "128 rows, peak lr 1e-3"
