@@ -177,6 +177,13 @@ def test_speed_quality_table_is_the_measured_csvs():
     permuted = lr5.format("default-permute-recluster100", "0.65_df746b1")
     sources[('default, `{"permute": true}`', "10% / 65%, re-clustered every 100 steps")] = (None, permuted)
     grid_a, grid_b = "h100_e2e_1.3b_grid-causal_0d605d1_e2e.csv", "h100_e2e_1.3b_grid-causal-b_0d605d1_e2e.csv"
+
+    def grid_seeds(pattern: str, arm: str, device: str, rev: str) -> str:
+        """The main job's seeds CSV of a causal V:N:M ``pattern`` (``arm``: '' or a suffix such as
+        '-permute-recluster100'), made on ``device`` at ``rev``."""
+        name = lr5.format(pattern.replace(":", "-") + "-causal" + arm, f"0.65_{rev}")
+        return name.replace("h100_", f"{device}_", 1)
+
     for pattern, e2e, device, rev in (
         ("64:2:8", grid_b, "h100", "0d605d1"),
         ("128:2:8", grid_a, "h200", "766dc59"),
@@ -185,20 +192,17 @@ def test_speed_quality_table_is_the_measured_csvs():
         ("32:2:16", grid_a, "h200", "766dc59"),
     ):  # issue 16's grid, causal, on the main job
         opts = f'{{"activations": "{pattern}", "causal": true}}'
-        seeds = lr5.format(pattern.replace(":", "-") + "-causal", f"0.65_{rev}").replace("h100_", f"{device}_", 1)
-        sources[(f"`{opts}`", "10% / 65%")] = ((e2e, opts), seeds)
+        sources[(f"`{opts}`", "10% / 65%")] = ((e2e, opts), grid_seeds(pattern, "", device, rev))
     e2e_k = "h200_e2e_1.3b_unchunked-causal-permuted_f650813_e2e.csv"  # one H200, beside dense and the default
     reclustered = "10% / 65%, re-clustered every 100 steps"
     timed = ("128:2:8", "128:4:16")  # the permuted patterns whose 1.3B step was measured
     for pattern in ("64:2:8", "128:2:8", "128:2:16", "64:2:16", "32:2:16", "128:4:16"):  # trained permuted
         opts = f'{{"activations": "{pattern}", "causal": true, "permute": true}}'
-        seeds = lr5.format(pattern.replace(":", "-") + "-causal-permute-recluster100", "0.65_f650813")
-        seeds = seeds.replace("h100_", "h200_", 1)
+        seeds = grid_seeds(pattern, "-permute-recluster100", "h200", "f650813")
         sources[(f"`{opts}`", reclustered)] = ((e2e_k, opts) if pattern in timed else None, seeds)
     for pattern in ("128:4:16", "128:4:8"):  # unchunked, causal, the default's schedule
         opts = f'{{"activations": "{pattern}", "causal": true}}'
-        seeds = lr5.format(pattern.replace(":", "-") + "-causal", "0.65_f650813").replace("h100_", "h200_", 1)
-        sources[(f"`{opts}`", "10% / 65%")] = ((e2e_k, opts), seeds)
+        sources[(f"`{opts}`", "10% / 65%")] = ((e2e_k, opts), grid_seeds(pattern, "", "h200", "f650813"))
     sources[("128 rows", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
     sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
     lr1 = "128 rows, peak lr 1e-3"
