@@ -280,7 +280,7 @@ def main_job_small_ffn(args: argparse.Namespace, config: SparsityConfig) -> str:
     n = SIZES[args.size].n_embd
     work = args.batch_size * args.seq_len * n * 4 * n  # T x d x h of each FFN (hidden 4d)
     rule = args.device == "cuda" and args.distributed == "none" and args.compile_mode == "default"
-    graphs = rule and not config.permute and work >= small_ffn_bound(True, config.chunk > 1)
+    graphs = rule and not config.permute and config.routes is None and work >= small_ffn_bound(True, config.chunk > 1)
     return "graphs" if graphs else "sparse"
 
 

@@ -18,7 +18,9 @@ from sparse_compile.config import SparsityConfig
 from sparse_compile.dispatch import plan_kernels
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
 from sparse_compile.passes.legality import (
+    MIN_HIDDEN_REASON,
     compute_dtype,
+    dense_token_reason,
     example_value,
     fit_chunk,
     has_symbolic_shapes,
@@ -47,6 +49,11 @@ class SiteRecord:
     kernel: str = "dense (Inductor)"
     work: float = math.inf  # T x d x h (a symbolic dim at its hint; inf where a dim is unknown)
     chunk: int = 0  # the neuron chunk a sparse site runs with (legality.fit_chunk), 0: the config's
+    # a found FFN that stays dense for a reason the options did not ask for (not min_hidden, not the
+    # small-FFN size rule; near-misses never): the backend warns (Report.site_warnings)
+    warn: bool = False
+    # why a sparse site runs its activations dense at every call (legality.dense_token_reason), "" if not
+    dense_activations: str = ""
 
 
 def _clean_path(path: str) -> str:
@@ -153,11 +160,12 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         )
         described = _describe(match.first, match.second, False, "")
         site, chunk_note = fit_chunk(match, config)
-        reason = illegal_reason(match, site)
+        reason = illegal = illegal_reason(match, site)
         if reason is None and site.small_ffn != "sparse":
             reason = small_site_reason(described.work, described.device, cuda_graphs, site.chunk > 1)
         if reason is not None:
-            records.append(dataclasses.replace(described, reason=reason))
+            warn = illegal is not None and not illegal.startswith(MIN_HIDDEN_REASON.split("{")[0])
+            records.append(dataclasses.replace(described, reason=reason, warn=warn))
             continue
         x = example_value(match.x)
         h, d = example_value(match.w1).shape
@@ -167,11 +175,18 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
             approx = f"dW1, dW2: token-dim approximation {site.weight_grad} (slower than exact)"
         notes = (chunk_note, site_note(match, site), plan.why, plan.f1_why, plan.gemm_why, approx)
         note = "; ".join(n for n in notes if n)
-        records.append(dataclasses.replace(described, sparse=True, reason=note, kernel=plan.kernel, chunk=site.chunk))
+        acts = dense_token_reason(match, site)  # with 2:4 weights or token-dim weight gradients still sparse
+        records.append(
+            dataclasses.replace(
+                described, sparse=True, reason=note, kernel=plan.kernel, chunk=site.chunk, dense_activations=acts
+            )
+        )
         suffix = plan.spec_suffix
-        if site.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm"):  # the site's unit permutation
+        routed = plan.op == "sqrelu_ffn_routed"
+        if routed or (site.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm")):  # the site's state
             suffix += f";units={module_of(match.first, match.second)}"
-            note = "; ".join(n for n in (note, "hidden units permuted (sparse_compile.recluster)") if n)
+            state = "tokens routed, groups and router" if routed else "hidden units permuted"
+            note = "; ".join(n for n in (note, f"{state} fitted by sparse_compile.recluster") if n)
             records[-1] = dataclasses.replace(records[-1], reason=note)
         replaced[match.second] = rewrite_site(match, site, sparse_weights, plan.op, suffix, plan.linear_algs)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
@@ -186,7 +201,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
             why = f"inside a region of the higher-order op {region}, whose FFNs are not rewritten (rewritten: "
             why += f"{', '.join(REWRITTEN_REGIONS)}, torch.utils.checkpoint's)"
             matches, _ = find_ffn_sites(getattr(gm, name).graph)
-            records.extend(_describe(m.first, m.second, False, why) for m in matches)
+            records.extend(dataclasses.replace(_describe(m.first, m.second, False, why), warn=True) for m in matches)
             continue
         body = copy_graph(getattr(gm, name))
         inner = sparsify_ffns(body, config, cuda_graphs)

@@ -2,7 +2,9 @@
 
 Returns the reason a site stays dense, or None. Dims are checked with guard_or_false, so
 under dynamic shapes an unknown divisibility keeps the site dense instead of guessing.
-The token count is not checked here: the op decides per call (see ``token_note``).
+A token count T that is statically not a multiple of V runs the activations dense at every call
+(``dense_token_reason``); where nothing else of the site would be sparse it stays dense here. Any
+other T is the op's to decide per call (see ``site_note``).
 """
 
 import dataclasses
@@ -69,6 +71,9 @@ def weights_cast_inside(match: FFNMatch, config: SparsityConfig) -> bool:
     )
 
 
+MIN_HIDDEN_REASON = "hidden size {h} < min_hidden={min_hidden}"  # dense as the options ask: no warning
+
+
 def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     """Why ``match`` must stay dense under ``config``, or None if it can run sparse."""
     names = ("x", "w1", "w2", "first", "relu", "square", "second")
@@ -101,7 +106,7 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
     d_out, h = w2.shape
     _, d = w1.shape
     if config.min_hidden and not guard_or_false(h >= config.min_hidden):
-        return f"hidden size {h} < min_hidden={config.min_hidden}"
+        return MIN_HIDDEN_REASON.format(h=h, min_hidden=config.min_hidden)
     if config.weights is not None:
         bad = {k: v for k, v in (("d", d), ("hidden", h), ("d_out", d_out)) if not guard_or_false(v % 4 == 0)}
         if bad:
@@ -121,7 +126,26 @@ def illegal_reason(match: FFNMatch, config: SparsityConfig) -> str | None:
             f"activations {config.activations} in chunks of {config.chunk} need hidden % (M * chunk) == 0; "
             f"got hidden={h}, M * chunk={pattern[2] * config.chunk}"
         )
+    tokens_reason = dense_token_reason(match, config)
+    if tokens_reason and config.weights is None and config.weight_grad_pattern is None:
+        return (
+            f"{tokens_reason} (x {tuple(x.shape)}): activations {config.activations} would run dense at every "
+            "call, and with weights=None and weight_grad='dense' nothing else is sparse"
+        )
     return None
+
+
+def dense_token_reason(match: FFNMatch, config: SparsityConfig) -> str:
+    """Why every call of the site runs its activations dense: "T=.. is not a multiple of V=..", where its
+    token count T (the product of x's leading dims) is statically not a multiple of V; "" where it is
+    or may be one (a symbolic T: the op decides per call), or for a pattern of V = 1."""
+    pattern, x = config.activation_pattern, example_value(match.x)
+    if pattern is None or pattern[0] == 1 or x is None or getattr(config, "routes", None) is not None:
+        return ""  # routed sites pad their groups to V
+    tokens = math.prod(x.shape[:-1])
+    if statically_known_true(tokens % pattern[0] != 0):
+        return f"T={tokens} is not a multiple of V={pattern[0]}"
+    return ""
 
 
 MIN_FALLBACK_CHUNK = 16  # the smallest chunk of the gather path (kernels/ffn_gather.chunk_path_supports)
@@ -159,7 +183,7 @@ def site_note(match: FFNMatch, config: SparsityConfig) -> str:
         cast = f"inputs cast to {_dtype_name(dtype)} as autocast does"
         if weights_cast_inside(match, config):
             cast += f" (the weights inside the op: backward keeps the float32 ones, no {_dtype_name(dtype)} copies)"
-    if pattern is None or pattern[0] == 1 or x is None:
+    if pattern is None or pattern[0] == 1 or x is None or config.routes is not None:  # routed: groups padded to V
         return cast
     tokens = math.prod(x.shape[:-1])
     v = pattern[0]

@@ -61,7 +61,7 @@ def auto_graphs_blocker(
     if mode == "max-autotune-no-cudagraphs":
         return f"mode={mode!r}"
     if permute:
-        return "permute=True (a replayed graph does not see the host's unit permutations and probes)"
+        return "permute=True or routes (a replayed graph does not see the host's unit state and probes)"
     if processes > 1:
         return f"a run of {processes} processes (DDP and FSDP2 under CUDA graphs are not measured)"
     if dynamic:

@@ -24,8 +24,9 @@ from sparse_compile.report import Report
 _graph_ids = itertools.count()
 _reports: list[Report] = []
 _lock = threading.Lock()
-# each compiled graph's report at INFO; the notes that change how the model behaves (Report.warnings,
-# e.g. CUDA graphs turned on) at WARNING, which Python prints to stderr where logging is not configured
+# each compiled graph's report at INFO; the found FFNs that run dense unasked (Report.site_warnings) and
+# the notes that change how the model behaves (Report.warnings, e.g. CUDA graphs turned on) at WARNING,
+# which Python prints to stderr where logging is not configured
 _log = logging.getLogger("sparse_compile")
 
 
@@ -109,7 +110,7 @@ def plan(
     explicit = uses_cuda_graphs(opts.mode, opts.inductor)
     dynamic = has_symbolic_shapes(gm)
     with_graphs, blocker = bounds_with_graphs(
-        config.small_ffn, opts.mode, opts.inductor, config.permute, _processes(), dynamic
+        config.small_ffn, opts.mode, opts.inductor, config.permute or config.routes is not None, _processes(), dynamic
     )
     if graphs_declined is not None:
         with_graphs, blocker = False, f"Inductor declined them: {graphs_declined}"
@@ -183,7 +184,7 @@ def sparse_backend(
     with _lock:
         _reports.append(report)
     _log.info("%s", report)
-    for note in report.warnings:
+    for note in [*report.site_warnings, *report.warnings]:
         _log.warning("sparse_compile, graph %d: %s", graph_id, note)
     dump_compile(graph_id, gm, sparse_gm, str(report), opts.dump_dir)
     dense_fn = compile_fx(gm, example_inputs, config_patches=patches)

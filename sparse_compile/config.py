@@ -11,39 +11,55 @@ WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
 KERNEL_CHOICES = ("auto", "reference", "triton")
 SMALL_FFN_CHOICES = ("graphs", "dense", "sparse")
-_VNM_RULE = "'2:4' or 'V:N:M' with V >= 1, N in {1, 2, 4}, M a multiple of 4 and >= 4, not N=4 with M=4"
+_VNM_RULE = "'2:4' or 'V:N:M' (e.g. '64:2:8') with V >= 1, N in {1, 2, 4} and M a multiple of 4 larger than N"
 
 
 def parse_weight_grad(value: str) -> tuple[int, int, int] | None:
-    """'dense' -> None; 'tokens:V:N:M' -> (V, N, M). Raises ValueError naming the value and the rule."""
-    err = ValueError(f"SparsityConfig.weight_grad={value!r}: expected {WEIGHT_GRAD_RULE}")
+    """'dense' -> None; 'tokens:V:N:M' -> (V, N, M). Raises ValueError naming the value, the part that
+    is wrong and the rule."""
     if value == "dense":
         return None
-    if not isinstance(value, str) or not value.startswith("tokens:") or value.count(":") != 3:
-        raise err
+    if not isinstance(value, str) or not value.startswith("tokens:"):
+        what = f"not a string ({type(value).__name__})" if not isinstance(value, str) else "not 'dense' or 'tokens:...'"
+        raise ValueError(f"SparsityConfig.weight_grad={value!r}: {what}; expected {WEIGHT_GRAD_RULE}")
     try:
-        return parse_activation_pattern(value.removeprefix("tokens:"))
-    except ValueError:
-        raise err from None
+        return _vnm(value.removeprefix("tokens:"), forms=(3,))
+    except ValueError as e:
+        raise ValueError(f"SparsityConfig.weight_grad={value!r}: {e}; expected {WEIGHT_GRAD_RULE}") from None
 
 
 def parse_activation_pattern(value: str) -> tuple[int, int, int]:
-    """'2:4' -> (1, 2, 4); 'V:N:M' -> (V, N, M). Raises ValueError naming the value and the rule."""
-    err = ValueError(f"SparsityConfig.activations={value!r}: expected None, {_VNM_RULE}")
-    if not isinstance(value, str):
-        raise err
-    parts = value.strip().split(":")
+    """'2:4' -> (1, 2, 4); 'V:N:M' -> (V, N, M). Raises ValueError naming the value, the part that is
+    wrong and the rule."""
     try:
-        nums = [int(p) for p in parts]
-    except ValueError:
-        raise err from None
-    if len(nums) == 2:
-        nums = [1, *nums]
-    if len(nums) != 3:
-        raise err
-    v, n, m = nums
-    if v < 1 or n not in (1, 2, 4) or m < 4 or m % 4 or (n == 4 and m == 4):
-        raise err
+        return _vnm(value, forms=(2, 3))
+    except ValueError as e:
+        raise ValueError(f"SparsityConfig.activations={value!r}: {e}; expected None, {_VNM_RULE}") from None
+
+
+def _vnm(value: object, forms: tuple[int, ...]) -> tuple[int, int, int]:
+    """(V, N, M) of 'V:N:M' (or of 'N:M', V = 1, where ``forms`` has 2). Raises ValueError saying which
+    part is wrong and what it may be, without the value (the callers name it)."""
+    if not isinstance(value, str):
+        raise ValueError(f"not a string ({type(value).__name__})")
+    parts = value.strip().split(":")
+    if len(parts) not in forms:
+        shapes = " or ".join({2: "2 (N:M, e.g. '2:4')", 3: "3 (V:N:M, e.g. '64:2:8')"}[f] for f in forms)
+        raise ValueError(f"{len(parts)} part(s) separated by ':', not {shapes}")
+    names = ("V", "N", "M")[3 - len(parts) :]
+    nums = []
+    for name, part in zip(names, parts, strict=True):
+        try:
+            nums.append(int(part))
+        except ValueError:
+            raise ValueError(f"{name}={part.strip()!r} is not an integer") from None
+    v, n, m = [1, *nums] if len(nums) == 2 else nums
+    if v < 1:
+        raise ValueError(f"V={v} must be >= 1")
+    if n not in (1, 2, 4):
+        raise ValueError(f"N={n} must be 1, 2 or 4")
+    if m % 4 or m <= n:
+        raise ValueError(f"M={m} must be a multiple of 4 larger than N={n}")
     return v, n, m
 
 
@@ -84,6 +100,12 @@ class SparsityConfig:
         activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
         a block's kept groups and chunks cover more of H. The dense function, the parameters and
         the state dict are unchanged.
+    routes: None, or G >= 2 groups of routed tokens (kernels/routing.py): each token keeps the units of
+        one of G fixed sets of chunks (4 of every M chunks), chosen by a router from its own input,
+        instead of sharing a block's choice; causal by construction. Needs V:4:M activations with
+        V > 1 in chunks (chunk > 1), causal=False, score_rows None and permute False (a routed site
+        keeps its own permutation). The groups and the router are fitted from the samples recorded
+        under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -119,6 +141,7 @@ class SparsityConfig:
     causal: bool = False
     score_rows: int | None = None
     permute: bool = False
+    routes: int | None = None
     min_hidden: int = 0
     small_ffn: str = "graphs"
     masked_decay: float = 0.0
@@ -164,6 +187,8 @@ class SparsityConfig:
             raise ValueError(
                 f"SparsityConfig.permute=True needs V:N:M activations with V > 1; got activations={self.activations!r}"
             )
+        if self.routes is not None:
+            self._check_routes()
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
         if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
@@ -188,6 +213,24 @@ class SparsityConfig:
                 "weights reach the op as masked copies, not parameters)"
             )
 
+    def _check_routes(self) -> None:
+        g = self.routes
+        if isinstance(g, bool) or not isinstance(g, int) or not 2 <= g <= 1024:
+            raise ValueError(f"SparsityConfig.routes={g!r}: expected None or an int in [2, 1024] (groups of units)")
+        pattern = None if self.activations is None else parse_activation_pattern(self.activations)
+        if pattern is None or pattern[0] == 1 or pattern[1] != 4 or self.chunk < 2:
+            raise ValueError(
+                f"SparsityConfig.routes={g} needs V:4:M activations with V > 1 in chunks (chunk > 1): a routed "
+                f"token keeps whole chunks; got activations={self.activations!r}, chunk={self.chunk}"
+            )
+        clash = {k: v for k, v in (("causal", self.causal), ("score_rows", self.score_rows), ("permute", self.permute))
+                 if v not in (False, None)}  # fmt: skip
+        if clash:
+            raise ValueError(
+                f"SparsityConfig.routes={g}: routing chooses per token from its own input (causal by construction) "
+                f"and keeps its own unit permutation; set causal=False, score_rows=None, permute=False, got {clash}"
+            )
+
     @property
     def activation_pattern(self) -> tuple[int, int, int] | None:
         """(V, N, M) of the activation pattern, or None."""
@@ -198,7 +241,7 @@ class SparsityConfig:
         """A named recipe: 'chunked' (the default: causal 128:4:16 in chunks of 128 units), 'chunked-half'
         (causal 128:4:8 in chunks of 64), or a paper's:
         'activation24' (Haziza), 'weight24' (Hu), 'venom' (Madhyastha)."""
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"SparsityConfig preset={name!r}: expected one of {sorted(PRESETS)}")
         return PRESETS[name]
 
@@ -215,6 +258,7 @@ class SparsityConfig:
             + (f";chunk={self.chunk}" if self.chunk > 1 else "")
             + (";causal=1" if self.causal else "")
             + (f";score={self.score_rows}" if self.score_rows is not None else "")
+            + (f";routes={self.routes}" if self.routes is not None else "")
         )
 
 
@@ -232,6 +276,9 @@ PRESETS: dict[str, SparsityConfig] = {
     "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16, weight_copies="recompute"),
     # keeps 4 of every 8 chunks of 64 units (1/2 of H): the former default, 1.109x at 1.3B; +0.45% +- 0.12%
     # on the main job with 50% dense at the end (5 seeds)
+    # routed tokens: each token keeps 4 of every 16 chunks of 128 units (1/4 of H), one of 8 groups
+    # chosen from its own input (kernels/routing.py)
+    "routed": SparsityConfig(activations="128:4:16", chunk=128, routes=8, weight_copies="recompute"),
     "chunked-half": SparsityConfig(activations="128:4:8", chunk=64, causal=True),
     "activation24": SparsityConfig(activations="2:4"),
     "weight24": SparsityConfig(weights="2:4"),
@@ -260,30 +307,55 @@ class BackendOptions:
         hold for its own pattern: where the keys on top leave a pattern it cannot score (causal False,
         chunk 1, or blocks of fewer tokens), the blocks are scored on all their rows (score_rows
         None), and with 2:4 weights the weight copies are kept ("keep"), as SparsityConfig's defaults
-        do, unless the keys name them."""
+        do, unless the keys name them.
+
+        Errors lead with "sparse_compile: " and name the option as given (options['activations']=...):
+        torch.compile passes the options to the backend only at the first call, inside its own error.
+        Not a mapping: TypeError; a bad key or value: ValueError."""
+        if options is not None and not isinstance(options, Mapping):
+            hint = f" (a preset: options={{'preset': {options!r}}})" if isinstance(options, str) else ""
+            raise TypeError(
+                f"sparse_compile: options={options!r} is a {type(options).__name__}, not a mapping; expected a dict "
+                f"such as {{'preset': {DEFAULT_PRESET!r}}} or {{'activations': '128:4:16'}}{hint}; presets: "
+                f"{sorted(PRESETS)}"
+            )
         options = dict(options or {})
-        unknown = sorted(set(options) - _CONFIG_KEYS - _BACKEND_KEYS)
+        unknown = sorted(set(options) - _CONFIG_KEYS - _BACKEND_KEYS, key=repr)
         if unknown:
             raise ValueError(
-                f"sparse backend: unknown option(s) {unknown}; allowed: {sorted(_CONFIG_KEYS | _BACKEND_KEYS)}"
+                f"sparse_compile: unknown option(s) {unknown}; allowed: {sorted(_CONFIG_KEYS | _BACKEND_KEYS)}"
             )
         fields = {k: options[k] for k in _CONFIG_KEYS if k in options}
-        if "preset" not in options and ("weights" in fields or "activations" in fields):
-            config = SparsityConfig(**fields)
-        else:
-            preset = SparsityConfig.preset(options.get("preset", DEFAULT_PRESET))
-            config = dataclasses.replace(preset, **{**_not_applying(preset, fields), **fields})
+        try:
+            if "preset" not in options and ("weights" in fields or "activations" in fields):
+                config = SparsityConfig(**fields)
+            else:
+                preset = SparsityConfig.preset(options.get("preset", DEFAULT_PRESET))
+                config = dataclasses.replace(preset, **{**_not_applying(preset, fields), **fields})
+        except ValueError as e:
+            raise ValueError(_option_error(str(e), options)) from None
         inductor = options.get("inductor", {})
         if not isinstance(inductor, Mapping):
-            raise ValueError(f"sparse backend: option 'inductor'={inductor!r}: expected a dict of Inductor config")
+            raise ValueError(f"sparse_compile: options['inductor']={inductor!r}: expected a dict of Inductor config")
         if "mode" in options and mode is not None:
-            raise ValueError("sparse backend: give mode either to torch.compile or in options, not both")
+            raise ValueError("sparse_compile: give mode either to torch.compile or in options, not both")
         return cls(
             config=config,
             dump_dir=options.get("dump_dir") or os.environ.get(DUMP_DIR_ENV) or None,
             mode=options.get("mode", mode),
             inductor=dict(inductor),
         )
+
+
+def _option_error(message: str, options: Mapping[str, Any]) -> str:
+    """SparsityConfig's ``message`` about a field (or the preset) the options name, as the options spell it
+    ("SparsityConfig.chunk=48 ..." -> "sparse_compile: options['chunk']=48 ..."); other messages after the
+    options."""
+    for key in options:
+        for prefix in (f"SparsityConfig.{key}=", f"SparsityConfig {key}="):
+            if isinstance(key, str) and message.startswith(prefix):
+                return f"sparse_compile: options[{key!r}]={message.removeprefix(prefix)}"
+    return f"sparse_compile: options={dict(options)!r}: {message}"
 
 
 def _not_applying(preset: SparsityConfig, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -300,6 +372,8 @@ def _not_applying(preset: SparsityConfig, fields: Mapping[str, Any]) -> dict[str
             v = preset.score_rows
         if not (causal is True and isinstance(chunk, int) and chunk > 1 and v >= preset.score_rows):
             out["score_rows"] = None
+    if fields.get("routes", preset.routes) is not None:  # routing replaces the causal block choice
+        out.update(causal=False, score_rows=None, permute=False)
     if preset.weight_copies != "keep" and fields.get("weights", preset.weights) is not None:
         out["weight_copies"] = "keep"
     return out

@@ -40,6 +40,8 @@ NO_HINT = "no example token count to measure at"
 GATHER = "triton gather"
 CSLT24 = "triton 2:4"
 W24 = "2:4 weight linears"
+ROUTED = "triton routed gather"
+ROUTED_REF = "routed reference"
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class KernelPlan:
     @property
     def op(self) -> str:
         """The sparse_compile op the site is rewritten into."""
-        return {GATHER: "sqrelu_ffn_vnm", CSLT24: "sqrelu_ffn_24", W24: "linear_24"}.get(self.kernel, "sqrelu_ffn")
+        ops = {GATHER: "sqrelu_ffn_vnm", CSLT24: "sqrelu_ffn_24", W24: "linear_24", ROUTED: "sqrelu_ffn_routed"}
+        return ops.get(self.kernel, "sqrelu_ffn_routed" if self.kernel.startswith(ROUTED_REF) else "sqrelu_ffn")
 
     @property
     def linear_algs(self) -> tuple[int, int]:
@@ -69,7 +72,8 @@ class KernelPlan:
         """What the op's spec string adds for this plan."""
         f1 = "" if self.f1_alg is None else f";f1_alg={self.f1_alg}"
         act24 = "" if self.act24_alg is None else f";act24_alg={self.act24_alg}"
-        return f1 + act24 + (f";dense_gemms={'+'.join(sorted(self.dense_gemms))}" if self.dense_gemms else "")
+        gemms = f";dense_gemms={'+'.join(sorted(self.dense_gemms))}" if self.dense_gemms else ""
+        return f1 + act24 + gemms + (";gather=1" if self.kernel == ROUTED else "")
 
 
 def _reference(device_type: str, why: str = "") -> KernelPlan:
@@ -83,6 +87,8 @@ def plan_kernels(
     with W1 of shape [h, d] (0: unknown, no F1 choice)."""
     if device.type not in DEVICES:
         raise ValueError(f"sparse_compile: no kernels for device {device.type!r}; supported: {DEVICES}")
+    if config.routes is not None:
+        return _plan_routed(device, dtype, config)
     if config.kernels == "reference":
         return _reference(device.type)
     if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -132,6 +138,33 @@ def plan_kernels(
             picked = gather_choice.choose_gathers(device.index or 0, dtype, t, d, h, *pattern)
             dense, gemm_why = picked.dense, picked.why
     return KernelPlan(GATHER, True, f1_alg=f1_alg, f1_why=f1_why, dense_gemms=dense, gemm_why=gemm_why)
+
+
+def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfig) -> KernelPlan:
+    """Routed tokens: the gather kernels on the tokens sorted by route (kernels/ffn_routed.py), any T
+    (groups are padded to V), where the chunk kernels take the pattern; else the masked dense reference."""
+    v, _, m = config.activation_pattern
+    c = config.chunk
+
+    def reference(why: str = "") -> KernelPlan:
+        return KernelPlan(ROUTED_REF + ("" if device.type == "cpu" else " (cuda)"), False, why)
+
+    if config.kernels == "reference" or (config.kernels == "auto" and device.type == "cpu"):
+        return reference()
+    if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("sparse_compile: kernels='triton' on CPU needs TRITON_INTERPRET=1 (the Triton interpreter)")
+    if config.kernels == "auto" and dtype not in (torch.bfloat16, torch.float16):
+        return reference(f"{str(dtype).removeprefix('torch.')}: the fast kernels are bf16/fp16")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return reference("GPU older than sm80")
+    from sparse_compile.kernels.ffn_gather import chunk_path_supports  # Triton: when used
+
+    if v % 16 or not chunk_path_supports(v, m, c):
+        return reference(f"routed {v}:4:{m} in chunks of {c}: the gather path needs V a multiple of 16, chunk a "
+                         "power of two >= 16 and M*chunk a power of two")  # fmt: skip
+    why = (f"{config.routes} groups routed per token; F1 and F2, B1, B3 gathered on the kept chunks, "
+           "B2, B4 block-sparse along tokens")  # fmt: skip
+    return KernelPlan(ROUTED, True, gemm_why=why)
 
 
 def _hint(tokens) -> int | None:

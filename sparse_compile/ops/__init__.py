@@ -7,12 +7,13 @@
 | sqrelu_ffn_vnm, sqrelu_ffn_vnm_backward | ffn_vnm.py        | kernels/ffn_gather.py (V:N:M)        |
 | sqrelu_ffn_24, sqrelu_ffn_24_backward | ffn_24.py           | kernels/ffn_act24.py (2:4 activations) |
 | linear_24                             | linear_24.py        | kernels/cslt_linear.py (2:4 weights alone) |
+| sqrelu_ffn_routed, _backward            | ffn_routed.py       | kernels/ffn_routed.py (routed tokens) |
 
 The spec string every FFN op receives, the input checks and the autograd glue are in spec.py.
 Which op a site gets is decided by sparse_compile/dispatch.py; importing this package registers all.
 """
 
-from sparse_compile.ops import ffn_24, ffn_reference, ffn_vnm, linear_24, sparsify_weight
+from sparse_compile.ops import ffn_24, ffn_reference, ffn_routed, ffn_vnm, linear_24, sparsify_weight
 from sparse_compile.ops.spec import FLOAT_DTYPES, OpSpec, parse_spec
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "OpSpec",
     "ffn_24",
     "ffn_reference",
+    "ffn_routed",
     "ffn_vnm",
     "linear_24",
     "parse_spec",

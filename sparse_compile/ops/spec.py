@@ -32,6 +32,8 @@ class OpSpec:
     causal: bool = False  # columns chosen from earlier tokens (kernels/activation_mask.py)
     score: int | None = None  # causal: rows of the previous block that choose a block's columns (None: V)
     units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/units.py)
+    routes: int | None = None  # routed tokens: G groups (kernels/routing.py; state in ops/routes.py)
+    gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
 
 
 @functools.cache
@@ -59,6 +61,8 @@ def parse_spec(spec: str) -> OpSpec:
         causal=fields.get("causal") == "1",
         score=int(fields["score"]) if "score" in fields else None,
         units=fields.get("units"),
+        routes=int(fields["routes"]) if "routes" in fields else None,
+        gather=fields.get("gather") == "1",
     )
 
 

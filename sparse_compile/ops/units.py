@@ -95,9 +95,15 @@ def forward_weights(name: str, pattern: tuple[int, int, int], chunk: int, x2, w1
     return permute(w1, b1, w2, site_perm(name, pattern, chunk, x2.device))
 
 
+def probing() -> bool:
+    """Whether a probe_units() block is open."""
+    return _probing
+
+
 @contextlib.contextmanager
 def probe_units() -> Iterator[None]:
-    """Record activation profiles at every permuted site's forward inside the block (for recluster)."""
+    """Record activation profiles at every permuted site's forward inside the block, and samples at every
+    routed site's (ops/routes.py), for recluster."""
     global _probing
     previous, _probing = _probing, True
     try:

@@ -1,0 +1,86 @@
+"""Routed tokens: each token keeps the hidden units of one group, chosen from its own input.
+
+A routed V:4:M pattern in chunks of c units has G groups. Group g is a fixed set of chunks: in every
+run of M chunks (M c units) the same 4 (``groups`` [G, F/(M c), 4], chunk ids inside each run,
+ascending), so it keeps 1/(M/4) of H's columns. A router scores each token from its own row x_t:
+route(t) = argmax_g (x_t R^T + r)_g (float32; ties to the lower group), and the token keeps the
+units of its group:
+
+    H~[t, u] = H[t, u] if u is in group route(t), else 0;  H = relu(X W1^T + b1)^2.
+
+No token's kept units depend on another token, so the pattern is causal by construction.
+
+The fast path (kernels/ffn_routed.py) runs the V:N:M gather kernels on the tokens sorted by route:
+a stable sort of the T tokens by group, each group padded to a multiple of V with zero rows, so
+every block of V rows holds tokens of one group and its kept columns are that group's
+(``route_plan``). The padded layout has a fixed number of blocks for any routing,
+(T + G (V - 1)) // V (the bound on sum_g ceil(T_g / V)), so no shape depends on the data: blocks
+past the last group's are zero rows with group 0's columns.
+"""
+
+import torch
+
+
+def group_columns(groups: torch.Tensor, m: int, c: int) -> torch.Tensor:
+    """int32 [G, F*4/M]: the absolute unit ids of each group's kept columns, in the compact layout of
+    the gather kernels (per run of M chunks its 4 kept chunks side by side, c units each), from
+    ``groups`` [G, F/(M c), 4] (chunk ids in 0..M-1, ascending)."""
+    if groups.dim() != 3 or groups.shape[2] != 4:
+        raise ValueError(f"group_columns: groups must be [G, F/(M c), 4]; got {tuple(groups.shape)}")
+    g, runs, _ = groups.shape
+    base = torch.arange(runs, device=groups.device)[:, None, None] * (m * c)
+    ids = base + groups[..., None] * c + torch.arange(c, device=groups.device)  # [G, runs, 4, c]
+    return ids.reshape(g, runs * 4 * c).to(torch.int32)
+
+
+def route_tokens(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: each row of x [T, d]'s group, argmax of x R^T + r in float32 (R [G, d], r [G])."""
+    scores = torch.addmm(router_b.float(), x.float(), router_w.float().t())
+    return scores.argmax(dim=1)
+
+
+def routed_blocks(tokens: int, n_groups: int, v: int) -> int:
+    """Blocks of V rows in the padded layout of ``tokens`` tokens routed to ``n_groups`` groups."""
+    return (tokens + n_groups * (v - 1)) // v
+
+
+def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The padded layout of tokens routed to groups: (dest int64 [T]: the padded row of token t,
+    block_group int64 [blocks]: the group of each block of V rows). Tokens of a group keep their
+    order (stable sort); group g's rows start at V * (the blocks of the groups before it). No host
+    sync: every shape is fixed by T, G and V."""
+    t = route.numel()
+    counts = torch.bincount(route, minlength=n_groups)
+    blocks = (counts + v - 1) // v
+    block_end = torch.cumsum(blocks, 0)
+    token_start = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(route, stable=True)
+    g_sorted = route[order]
+    rank = torch.arange(t, device=route.device) - token_start[g_sorted]
+    dest = torch.empty_like(order)
+    dest[order] = (block_end - blocks)[g_sorted] * v + rank
+    nb = routed_blocks(t, n_groups, v)
+    block_group = torch.searchsorted(block_end, torch.arange(nb, device=route.device), right=True)
+    return dest, block_group.clamp_max(n_groups - 1)
+
+
+def routed_mask(route: torch.Tensor, cols: torch.Tensor, hidden: int) -> torch.Tensor:
+    """bool [T, hidden]: the units each token keeps (its group's columns, ``cols`` [G, Kc])."""
+    keep = torch.zeros(cols.shape[0], hidden, dtype=torch.bool, device=cols.device)
+    keep.scatter_(1, cols.long(), True)
+    return keep[route]
+
+
+def routed_ffn_ref(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    route: torch.Tensor,
+    cols: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked dense math of the routed FFN: (y [T, d_out], r_masked [T, h] = relu(Z) * A), A the
+    routed mask; the gradients of y with the mask held constant are those of this function."""
+    r = torch.relu(torch.nn.functional.linear(x, w1, b1)) * routed_mask(route, cols, w1.shape[0])
+    return torch.nn.functional.linear(r * r, w2, b2), r

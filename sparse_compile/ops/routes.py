@@ -1,0 +1,177 @@
+"""The routed sites' state (SparsityConfig.routes): each site's unit permutation, groups and router.
+
+Kept per site module path, outside the model (the dense function, the parameters and the state dict
+are unchanged), as ops/units.py keeps permutations. Before its first fit a site runs the identity
+permutation, initial groups (route_fit.initial_groups) and a router made from its weights: R_g =
+the mean of W1's rows of group g's units, r_g = the mean of their biases. Inside
+``sparse_compile.probe_units()`` every routed site's forward also records a sample of its rows
+(x and H = relu(X W1^T + b1)^2, units in their own order; one extra F1 GEMM on the sample);
+``sparse_compile.recluster()`` refits each recorded site (sparse_compile.route_fit) and clears the
+record. Tensors are updated in place where their shapes allow, so a captured CUDA graph reads the
+new state. Under torch.distributed every rank fits on its own sample and the first rank's fit is
+sent to all: the routing stays the same on every rank, and no token leaves its rank.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from sparse_compile.kernels.routing import group_columns, route_tokens
+from sparse_compile.ops import units
+from sparse_compile.route_fit import fit_routes, initial_groups
+
+SAMPLE_ROWS_PER_CALL = 1024  # rows of x and H a probed call records (every T/1024-th row)
+SAMPLE_ROWS = 16384  # rows a site keeps for its fit (the latest)
+
+
+@dataclass
+class RouteSite:
+    n_groups: int
+    pattern: tuple[int, int, int]
+    chunk: int
+    perm: torch.Tensor | None = None  # int64 [h]; None: identity
+    groups: torch.Tensor | None = None  # int64 [G, h/(M c), 4]
+    router_w: torch.Tensor | None = None  # float32 [G, d]; None: from the weights at the first call
+    router_b: torch.Tensor | None = None  # float32 [G]
+    cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
+    fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
+    xs: list[torch.Tensor] = field(default_factory=list)
+    hs: list[torch.Tensor] = field(default_factory=list)
+
+
+_sites: dict[str, RouteSite] = {}
+
+
+def site(name: str, n_groups: int, pattern: tuple[int, int, int], chunk: int) -> RouteSite:
+    s = _sites.get(name)
+    if s is None or s.n_groups != n_groups:
+        s = _sites[name] = RouteSite(n_groups, pattern, chunk)
+    s.pattern, s.chunk = pattern, chunk
+    return s
+
+
+def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None or t.device == device else t.to(device)
+
+
+def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
+    """Fill in what the site lacks for weights w1 [h, d] (units in their own order), on w1's device."""
+    dev = w1.device
+    h = w1.shape[0]
+    _, _, m = s.pattern
+    runs = h // (m * s.chunk)
+    if s.groups is None or s.groups.shape[1] != runs:
+        s.groups = initial_groups(s.n_groups, runs, m, dev)
+        s.cols = None
+    for name in ("perm", "groups", "router_w", "router_b", "cols"):
+        moved = _to(getattr(s, name), dev)
+        if moved is not None:
+            setattr(s, name, moved)
+    if s.cols is None:
+        s.cols = group_columns(s.groups, m, s.chunk)
+    if s.router_w is None:
+        w1p, b1p, _ = units.permute(w1, b1, w1[:1].t(), s.perm)  # W1 rows in the op's order
+        member = torch.zeros(s.n_groups, h, device=dev).scatter_(1, s.cols.long(), 1.0)
+        member /= member.sum(dim=1, keepdim=True)
+        s.router_w = member @ w1p.detach().float()
+        s.router_b = member @ b1p.detach().float() if b1p is not None else torch.zeros(s.n_groups, device=dev)
+
+
+def route(s: RouteSite, x2: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: the group of each row of x2 [T, d]."""
+    return route_tokens(x2, s.router_w, s.router_b)
+
+
+def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
+    """While probing: keep a sample of this call's rows of x and H (units in their own order)."""
+    if not units.probing():
+        return
+    with torch.no_grad():
+        step = max(1, x2.shape[0] // SAMPLE_ROWS_PER_CALL)
+        xs = x2[::step].detach()
+        s.xs.append(xs)
+        s.hs.append(torch.relu(F.linear(xs, w1.detach(), None if b1 is None else b1.detach())).square())
+        while sum(x.shape[0] for x in s.xs) - s.xs[0].shape[0] >= SAMPLE_ROWS:
+            s.xs.pop(0)
+            s.hs.pop(0)
+
+
+def _set(s: RouteSite, name: str, value: torch.Tensor) -> None:
+    old = getattr(s, name)
+    if old is not None and old.shape == value.shape and old.dtype == value.dtype and old.device == value.device:
+        old.copy_(value)
+    else:
+        setattr(s, name, value.clone())
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, dict[str, float]]:
+    """Fit every site with a recorded sample; clear the samples. Returns each refitted site's sample
+    kept masses ({"oracle": .., "routed": ..}). Under torch.distributed, call on every rank."""
+    done = {}
+    distributed = _distributed()
+    first = 0 if group is None or not distributed else torch.distributed.get_global_rank(group, 0)
+    for name in sorted(n for n, s in _sites.items() if s.xs):
+        s = _sites[name]
+        _, _, m = s.pattern
+        fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk)
+        tensors = {"perm": fit.perm, "groups": fit.groups, "router_w": fit.router_w, "router_b": fit.router_b}
+        if distributed:  # every rank runs the first rank's fit
+            for t in tensors.values():
+                torch.distributed.broadcast(t, src=first, group=group)
+        for key, value in tensors.items():
+            _set(s, key, value)
+        _set(s, "cols", group_columns(s.groups, m, s.chunk))
+        s.fitted = {"oracle": fit.oracle_kept, "routed": fit.routed_kept}
+        s.xs.clear()
+        s.hs.clear()
+        done[name] = s.fitted
+    return done
+
+
+STATE_KEYS = ("perm", "groups", "router_w", "router_b")
+
+
+def route_state() -> dict[str, dict[str, torch.Tensor | int]]:
+    """Site module path -> its fitted state (CPU tensors and n_groups), for a checkpoint."""
+    out = {}
+    for name, s in _sites.items():
+        if s.router_w is None:
+            continue
+        state = {k: getattr(s, k).detach().cpu().clone() for k in STATE_KEYS if getattr(s, k) is not None}
+        out[name] = {**state, "n_groups": s.n_groups}
+    return out
+
+
+def load_route_state(state: dict[str, dict[str, torch.Tensor | int]]) -> None:
+    """Set routed sites' state from route_state() (sites not yet compiled too)."""
+    for name, saved in state.items():
+        n_groups = int(saved["n_groups"])
+        router_w = torch.as_tensor(saved["router_w"], dtype=torch.float32)
+        groups = torch.as_tensor(saved["groups"], dtype=torch.long)
+        if router_w.dim() != 2 or router_w.shape[0] != n_groups or groups.dim() != 3 or groups.shape[0] != n_groups:
+            raise ValueError(
+                f"load_route_state: {name!r}: router_w {tuple(router_w.shape)} and groups {tuple(groups.shape)} "
+                f"do not match n_groups={n_groups}"
+            )
+        s = _sites.get(name)
+        if s is None or s.n_groups != n_groups:
+            s = _sites[name] = RouteSite(n_groups, (0, 0, 0), 1)  # pattern filled in by the op's first call
+        s.perm = None if saved.get("perm") is None else torch.as_tensor(saved["perm"], dtype=torch.long).clone()
+        s.groups, s.router_w = groups.clone(), router_w.clone()
+        s.router_b = torch.as_tensor(saved["router_b"], dtype=torch.float32).clone()
+        s.cols = None  # rebuilt from groups at the op's next call
+
+
+def reset_routes() -> None:
+    """Forget every routed site's state and sample."""
+    _sites.clear()
+
+
+def fitted_kept() -> dict[str, dict[str, float]]:
+    """Each fitted site's sample kept masses of its last fit."""
+    return {name: dict(s.fitted) for name, s in _sites.items() if s.fitted}

@@ -1,0 +1,235 @@
+"""Routed tokens (SparsityConfig.routes): the layout and mask against loops written from the definition,
+the op's forward and gradients against the oracle (reference path, and the gather kernels under the
+Triton interpreter in fp32), causality by perturbation, the fit, the state through a checkpoint, and
+config errors."""
+
+import pytest
+import torch
+from torch import nn
+
+import sparse_compile
+from sparse_compile import SparsityConfig, compile_reports
+from sparse_compile.config import BackendOptions
+from sparse_compile.kernels.routing import group_columns, route_plan, route_tokens, routed_blocks, routed_mask
+from sparse_compile.ops import routes
+from sparse_compile.route_fit import fit_routes, initial_groups
+
+
+def _mask_loop(route, groups, m, c, h):
+    """bool [T, h] from the definition: token t keeps unit u iff u's chunk is one of its group's 4 in u's run."""
+    out = torch.zeros(route.numel(), h, dtype=torch.bool)
+    for t, g in enumerate(route.tolist()):
+        for u in range(h):
+            run, chunk = divmod(u // c, m)
+            out[t, u] = chunk in groups[g, run].tolist()
+    return out
+
+
+@pytest.mark.parametrize("t, n_groups, v", [(64, 4, 16), (100, 3, 8), (37, 8, 4), (16, 2, 16)])
+def test_route_plan_sorts_tokens_into_blocks_of_one_group(t, n_groups, v):
+    g = torch.Generator().manual_seed(t)
+    route = torch.randint(0, n_groups, (t,), generator=g)
+    route[: t // 3] = 1  # an unbalanced routing
+    dest, block_group = route_plan(route, n_groups, v)
+    assert block_group.shape == (routed_blocks(t, n_groups, v),)
+    assert dest.unique().numel() == t and dest.max() < block_group.numel() * v  # one padded row per token
+    blocks_needed = sum(-(-int((route == k).sum()) // v) for k in range(n_groups))
+    assert blocks_needed <= block_group.numel()
+    for i in range(t):
+        assert block_group[dest[i] // v] == route[i]  # every block holds tokens of one group
+    for k in range(n_groups):  # a group's tokens keep their order and fill its rows from the start
+        rows = dest[route == k]
+        assert torch.equal(rows, rows.sort().values)
+        if rows.numel():
+            assert rows[0] % v == 0 and torch.equal(rows - rows[0], torch.arange(rows.numel()))
+    inverse = torch.full((block_group.numel() * v,), -1)
+    inverse[dest] = torch.arange(t)
+    assert torch.equal(inverse[dest], torch.arange(t))  # the permutation and its inverse are exact
+
+
+@pytest.mark.parametrize("m, c, runs", [(16, 4, 2), (8, 2, 3), (4, 8, 1)])
+def test_routed_mask_and_columns_follow_the_definition(m, c, runs):
+    h = m * c * runs
+    groups = initial_groups(5, runs, m)
+    groups[2, 0] = torch.tensor([0, 1, 2, 3]) % m
+    route = torch.tensor([0, 2, 4, 1, 2, 3, 0])
+    cols = group_columns(groups, m, c)
+    mask = routed_mask(route, cols, h)
+    assert torch.equal(mask, _mask_loop(route, groups, m, c, h))
+    assert (mask.sum(1) == h * 4 // m).all()
+    assert torch.equal(cols[0, : 4 * c].long(), torch.cat([groups[0, 0, j] * c + torch.arange(c) for j in range(4)]))
+
+
+def test_router_argmax_ties_go_to_the_lower_group():
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    w = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    assert route_tokens(x, w, torch.zeros(3)).tolist() == [0, 2, 0]
+
+
+class FFN(nn.Module):
+    def __init__(self, d=32, h=256, bias=True):
+        super().__init__()
+        self.up = nn.Linear(d, h, bias=bias)
+        self.down = nn.Linear(h, d, bias=bias)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)).square())
+
+
+class Net(nn.Module):
+    def __init__(self, bias=True):
+        super().__init__()
+        self.mlp = FFN(bias=bias)
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+OPTIONS = {"activations": "16:4:16", "chunk": 4, "routes": 4}
+
+
+def _oracle(net, x, site="mlp"):
+    """Masked dense math with autograd, the mask built by the loop above from the site's state."""
+    s = routes._sites[site]
+    w1, b1, w2, b2 = net.mlp.up.weight, net.mlp.up.bias, net.mlp.down.weight, net.mlp.down.bias
+    x2 = x.reshape(-1, x.shape[-1])
+    route = route_tokens(x2, s.router_w, s.router_b)
+    perm = s.perm if s.perm is not None else torch.arange(w1.shape[0])
+    keep = torch.zeros_like(_mask_loop(route, s.groups, 16, 4, w1.shape[0]))
+    keep[:, perm] = _mask_loop(route, s.groups, 16, 4, w1.shape[0])  # op position i is unit perm[i]
+    r = torch.relu(x2 @ w1.t() + (0 if b1 is None else b1)) * keep
+    return x + ((r * r) @ w2.t() + (0 if b2 is None else b2)).reshape(x.shape)
+
+
+def _fitted(net, x):
+    compiled = torch.compile(net, backend="sparse", options=OPTIONS)
+    compiled(x)  # the first call prepares the site
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x)
+    assert sparse_compile.recluster() == ["mlp"]
+    return compiled
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_routed_model_matches_oracle_forward_and_grads(bias):
+    sparse_compile.reset_units()
+    torch.manual_seed(0)
+    net = Net(bias)
+    x = torch.randn(2, 48, 32)
+    compiled = _fitted(net, x)
+    assert routes._sites["mlp"].perm is not None  # the fit permuted the units
+    report = compile_reports()[-1]
+    assert report.sites[0].record.sparse and report.sites[0].kernel == "routed reference"
+    xs = x.clone().requires_grad_(True)
+    y = compiled(xs)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    grads = [xs.grad] + [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    xo = x.clone().requires_grad_(True)
+    yo = _oracle(net, xo)
+    torch.testing.assert_close(y, yo, rtol=1e-5, atol=1e-5)
+    yo.backward(dy)
+    for a, b in zip(grads, [xo.grad] + [p.grad for p in net.parameters()], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_routed_outputs_ignore_later_tokens():
+    """Causality by perturbation: change tokens after t, and outputs up to t stay bit-identical."""
+    sparse_compile.reset_units()
+    torch.manual_seed(1)
+    net = Net()
+    x = torch.randn(2, 64, 32)
+    compiled = _fitted(net, x)
+    with torch.no_grad():
+        y = compiled(x)
+        for t in (0, 17, 40):
+            x2 = x.clone()
+            x2[:, t + 1 :] = torch.randn_like(x2[:, t + 1 :]) * 3
+            assert torch.equal(compiled(x2)[:, : t + 1], y[:, : t + 1])
+
+
+def test_gather_kernels_match_reference_in_the_interpreter():
+    """kernels/ffn_routed.py (Triton interpreter, fp32) against the reference's masked math and autograd."""
+    from sparse_compile.kernels.ffn_routed import sqrelu_ffn_backward_routed, sqrelu_ffn_forward_routed
+    from sparse_compile.kernels.routing import routed_ffn_ref
+
+    g = torch.Generator().manual_seed(3)
+    t, d, h, d_out, v, m, c = 40, 32, 256, 24, 16, 16, 16
+    x = torch.randn(t, d, generator=g)
+    w1, b1 = torch.randn(h, d, generator=g) * 0.2, torch.randn(h, generator=g) * 0.1
+    w2, b2 = torch.randn(d_out, h, generator=g) * 0.1, torch.randn(d_out, generator=g)
+    groups = initial_groups(3, 1, m)
+    cols = group_columns(groups, m, c)
+    route = torch.tensor([0, 2, 1, 1, 2] * 8)
+    y, r_c, ids, dest = sqrelu_ffn_forward_routed(x, w1, b1, w2, b2, route, cols, v, c)
+    leaves = [a.clone().requires_grad_(True) for a in (x, w1, b1, w2, b2)]
+    yr, _ = routed_ffn_ref(*leaves, route, cols)
+    torch.testing.assert_close(y, yr, rtol=1e-4, atol=1e-4)
+    dy = torch.randn(t, d_out, generator=g)
+    yr.backward(dy)
+    grads = sqrelu_ffn_backward_routed(dy, x, w1, w2, r_c, ids, dest, v, m, c)
+    want = [leaves[0].grad, leaves[1].grad, leaves[2].grad, leaves[3].grad, leaves[4].grad]
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_fit_finds_planted_groups_and_a_router_that_sees_them():
+    """Tokens of 4 kinds, each firing its own quarter of the units, the kind readable from x: the fit's
+    oracle and routed kept mass reach ~1, where any fixed group keeps ~1/4."""
+    g = torch.Generator().manual_seed(0)
+    s, d, m, c, runs = 2048, 16, 8, 4, 2
+    h = m * c * runs
+    kind = torch.randint(0, 4, (s,), generator=g)
+    x = torch.randn(s, d, generator=g) * 0.1
+    x[torch.arange(s), kind] += 3.0
+    units = torch.randperm(h, generator=g).reshape(4, h // 4)  # scattered over chunks before the fit
+    act = torch.zeros(s, h)
+    act[torch.arange(s)[:, None], units[kind]] = torch.rand(s, h // 4, generator=g) + 0.5
+    fit = fit_routes(x, act, 4, m, c)
+    assert fit.oracle_kept > 0.95 and fit.routed_kept > 0.95
+    assert torch.equal(fit.perm.sort().values, torch.arange(h))
+
+
+def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain():
+    sparse_compile.reset_units()
+    torch.manual_seed(2)
+    net = Net()
+    keys = set(net.state_dict())
+    x = torch.randn(2, 32, 32)
+    compiled = _fitted(net, x)
+    with torch.no_grad():
+        y = compiled(x)
+    state = sparse_compile.route_state()
+    assert set(state) == {"mlp"} and set(net.state_dict()) == keys
+    sparse_compile.reset_units()
+    with torch.no_grad():
+        assert not torch.equal(compiled(x), y)  # back to the initial router and groups
+    sparse_compile.load_route_state(state)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), y)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(activations="128:4:16", chunk=128, routes=1), "routes=1: expected None or an int in [2, 1024]"),
+        (dict(activations="128:4:16", chunk=128, routes=True), "routes=True"),
+        (dict(activations="128:4:16", chunk=128, routes="8"), "routes='8'"),
+        (dict(activations="128:2:16", chunk=128, routes=8), "needs V:4:M activations"),
+        (dict(activations="128:4:16", routes=8), "chunk=1"),
+        (dict(activations="128:4:16", chunk=128, routes=8, causal=True), "'causal': True"),
+        (dict(activations="128:4:16", chunk=128, routes=8, permute=True), "'permute': True"),
+    ],
+)
+def test_config_errors_name_the_value(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        SparsityConfig(**kwargs)
+    assert message in str(e.value)
+
+
+def test_routes_on_top_of_the_default_drop_the_causal_choice():
+    config = BackendOptions.parse({"routes": 8}).config
+    assert (config.routes, config.causal, config.score_rows, config.chunk) == (8, False, None, 128)
+    assert BackendOptions.parse({"preset": "routed"}).config.routes == 8
+    assert "routes=8" in config.op_spec()
