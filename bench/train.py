@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -76,10 +77,18 @@ def _positive(text: str) -> int:
     return value
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help only where the help does not give its default itself
+    and X is not None (a default that depends on the device)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or re.search(r"\bdefault[ :]", action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.train", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__, formatter_class=_HelpFormatter)
     p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda'")
     p.add_argument("--size", choices=sorted(SIZES), help="model size (default: tiny on CPU, 125m-d1024 on CUDA)")
     p.add_argument("--steps", type=_positive, help="training steps per run (default: 150 CPU, 2400 CUDA)")
@@ -105,8 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--final-dense-frac",
         type=_fraction,
         default=FINAL_DENSE_FRAC,
-        help="dense recovery: last fraction of steps (the default's 25%% sparse window ends +0.43%% from dense "
-        "on the CUDA main job over five seeds; with 0.5, +1.32%%)",
+        help="dense recovery: last fraction of steps (its quality measured: bench/RESULTS.md section 6)",
     )
     p.add_argument(
         "--sparsity",

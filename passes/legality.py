@@ -140,7 +140,7 @@ def dense_token_reason(match: FFNMatch, config: SparsityConfig) -> str:
     token count T (the product of x's leading dims) is statically not a multiple of V; "" where it is
     or may be one (a symbolic T: the op decides per call), or for a pattern of V = 1."""
     pattern, x = config.activation_pattern, example_value(match.x)
-    if pattern is None or pattern[0] == 1 or x is None or getattr(config, "routes", None) is not None:
+    if pattern is None or pattern[0] == 1 or x is None or config.routes is not None:
         return ""  # routed sites pad their groups to V
     tokens = math.prod(x.shape[:-1])
     if statically_known_true(tokens % pattern[0] != 0):

@@ -309,11 +309,11 @@ class BackendOptions:
         None), and with 2:4 weights the weight copies are kept ("keep"), as SparsityConfig's defaults
         do, unless the keys name them.
 
-        Errors lead with "sparse_compile: " and name the option as given (options['activations']=...):
-        torch.compile passes the options to the backend only at the first call, inside its own error.
-        Not a mapping: TypeError; a bad key or value: ValueError."""
+        Errors lead with "sparse_compile: ": torch.compile hands the options to the backend only at the
+        first call, and its error (BackendCompilerFailed) quotes ours. Not a mapping: TypeError; a bad
+        key or value: ValueError naming it."""
         if options is not None and not isinstance(options, Mapping):
-            hint = f" (a preset: options={{'preset': {options!r}}})" if isinstance(options, str) else ""
+            hint = f" (to name a preset: options={{'preset': {options!r}}})" if isinstance(options, str) else ""
             raise TypeError(
                 f"sparse_compile: options={options!r} is a {type(options).__name__}, not a mapping; expected a dict "
                 f"such as {{'preset': {DEFAULT_PRESET!r}}} or {{'activations': '128:4:16'}}{hint}; presets: "
@@ -333,7 +333,7 @@ class BackendOptions:
                 preset = SparsityConfig.preset(options.get("preset", DEFAULT_PRESET))
                 config = dataclasses.replace(preset, **{**_not_applying(preset, fields), **fields})
         except ValueError as e:
-            raise ValueError(_option_error(str(e), options)) from None
+            raise ValueError(f"sparse_compile: bad options for backend='sparse': {e}") from None
         inductor = options.get("inductor", {})
         if not isinstance(inductor, Mapping):
             raise ValueError(f"sparse_compile: options['inductor']={inductor!r}: expected a dict of Inductor config")
@@ -345,17 +345,6 @@ class BackendOptions:
             mode=options.get("mode", mode),
             inductor=dict(inductor),
         )
-
-
-def _option_error(message: str, options: Mapping[str, Any]) -> str:
-    """SparsityConfig's ``message`` about a field (or the preset) the options name, as the options spell it
-    ("SparsityConfig.chunk=48 ..." -> "sparse_compile: options['chunk']=48 ..."); other messages after the
-    options."""
-    for key in options:
-        for prefix in (f"SparsityConfig.{key}=", f"SparsityConfig {key}="):
-            if isinstance(key, str) and message.startswith(prefix):
-                return f"sparse_compile: options[{key!r}]={message.removeprefix(prefix)}"
-    return f"sparse_compile: options={dict(options)!r}: {message}"
 
 
 def _not_applying(preset: SparsityConfig, fields: Mapping[str, Any]) -> dict[str, Any]:

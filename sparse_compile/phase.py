@@ -77,11 +77,8 @@ class PhaseSchedule:
         dense_every: int = 0,
     ) -> "PhaseSchedule":
         """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
-        (and every ``dense_every``-th step between). The defaults are the measured recipe of the
-        default pattern (bench/RESULTS.md section 6): on the 126M main job a 25% sparse window
-        (10% / 65%) ends +0.43% from dense and a 40% one (10% / 50%) +1.32% (five paired seeds each);
-        at peak lr 1e-3 the 40% window ended +1.13%, +1.11% with 60% dense at the end, and +1.55% to
-        +3.11% starting at 0%, 5%, 30% or 40%."""
+        (and every ``dense_every``-th step between). The defaults (10% / 65%) are the measured recipe of the
+        default pattern; its measurements are in bench/RESULTS.md section 6."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")

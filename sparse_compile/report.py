@@ -29,11 +29,12 @@ NO_GRAPHS_NOTE = (
 )
 
 
-def gemm_patterns(config: SparsityConfig) -> dict[str, str]:
+def gemm_patterns(config: SparsityConfig, activations: bool = True) -> dict[str, str]:
     """Sparse operand(s) of each GEMM (F1 = X W1^T, F2 = H~ W2^T, B1 = dY W2, B2 = dY^T H~, B3 = dZ W1, B4 = dZ^T X);
-    ``tokV:N:M`` marks the token-dim approximation of B2/B4."""
+    ``tokV:N:M`` marks the token-dim approximation of B2/B4. ``activations`` False: the site runs its
+    activations dense (SiteRecord.dense_activations)."""
     w = f"W{config.weights}" if config.weights else ""
-    a = f"A{config.activations}" if config.activations else ""
+    a = f"A{config.activations}" if config.activations and activations else ""
     if a and config.chunk > 1:
         a += f"c{config.chunk}"  # in chunks of c units
     if a and config.causal:
@@ -90,7 +91,8 @@ class Report:
     def add(self, graph: int, records: list[SiteRecord]) -> None:
         for r in records:
             if r.sparse:  # a site's chunk may be a fallback smaller than the config's (passes/legality.fit_chunk)
-                patterns = gemm_patterns(dataclasses.replace(self.config, chunk=r.chunk or self.config.chunk))
+                site = dataclasses.replace(self.config, chunk=r.chunk or self.config.chunk)
+                patterns = gemm_patterns(site, activations=not r.dense_activations)
                 self.sites.append(SiteReport(graph, r, patterns, r.kernel))
             else:
                 self.sites.append(SiteReport(graph, r, dict.fromkeys(GEMMS, "dense"), r.kernel))
@@ -133,6 +135,26 @@ class Report:
         """The notes that change how the compiled model behaves for its caller (the backend logs them
         as warnings): AUTO_GRAPHS_NOTE, where small_ffn='graphs' turned CUDA graphs on."""
         return [n for n in self.notes if n.startswith(AUTO_GRAPHS_NOTE.split("{")[0])]
+
+    @property
+    def site_warnings(self) -> list[str]:
+        """One line per reason that found FFNs run dense, or run sparse with dense activations, where
+        the options did not ask for it (SiteRecord.warn: not min_hidden, not the small-FFN size rule,
+        whose sites only the report names), naming the sites (module at source): the backend logs each
+        as a warning, once per compile."""
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for s in self.sites:
+            r = s.record
+            what = "run dense" if r.warn else "run sparse with dense activations" if r.dense_activations else ""
+            if what:
+                by_reason.setdefault((what, r.dense_activations or r.reason), []).append(f"{r.module} at {r.source}")
+        lines = []
+        for (what, reason), names in by_reason.items():
+            if len(names) == 1:
+                lines.append(f"the FFN {names[0]} {what.replace('run ', 'runs ', 1)}: {reason}")
+            else:
+                lines.append(f"{len(names)} FFNs ({', '.join(names)}) {what}: {reason}")
+        return lines
 
     @property
     def sparse_sites(self) -> list[SiteReport]:

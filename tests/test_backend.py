@@ -3,6 +3,7 @@
 import copy
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -179,14 +180,132 @@ def test_dynamic_batch_and_dense_fallback_for_odd_token_counts():
     assert all("calls with T % 64 != 0 run activations dense" in s.record.reason for s in report.sparse_sites)
 
 
-def test_graph_without_ffn_compiles_once_plainly():
+def test_graph_without_ffn_compiles_once_plainly(monkeypatch, caplog):
+    """A graph without FFN sites: one Dynamo graph and one Inductor compile, of the graph as traced and
+    without the sparse variant's pass; the plain compiled function, no PhaseDispatcher; no warning.
+    Later calls, in either phase, compile nothing more."""
+    caplog.set_level(logging.WARNING, logger="sparse_compile")
+    compiles, dispatchers = [], []
+    compile_fx = sparse_compile.backend.compile_fx
+
+    def counting(gm, inputs, config_patches=None, **kw):
+        compiles.append((gm, dict(config_patches or {})))
+        return compile_fx(gm, inputs, config_patches=config_patches, **kw)
+
+    monkeypatch.setattr(sparse_compile.backend, "compile_fx", counting)
+    monkeypatch.setattr(sparse_compile.backend, "PhaseDispatcher", lambda *fns: dispatchers.append(fns))
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
     x = torch.randn(4, 8)
-    y = torch.compile(model, backend="sparse")(x)
+    compiled = torch.compile(model, backend="sparse")
+    y = compiled(x)
     torch.testing.assert_close(y, model(x))
+    with dense_phase():
+        torch.testing.assert_close(compiled(x), y)
+    torch.testing.assert_close(compiled(x), y)
     report = compile_reports()[-1]
-    assert len(report) == 0
+    assert len(report) == 0 and len(compile_reports()) == 1
     assert torch._dynamo.utils.counters["sparse_compile"]["sites_sparse"] == 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    ((gm, patches),) = compiles  # once: the dense variant only
+    assert "post_grad_custom_post_pass" not in patches
+    assert not any("sparse_compile" in str(n.target) for n in gm.graph.nodes)
+    assert dispatchers == []  # plainly: Inductor's function itself
+    assert [r for r in caplog.records if r.name == "sparse_compile"] == []
+
+
+def _sparse_compile_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sparse_compile" and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    "options, shape, dtype, reason",
+    [
+        (
+            {"chunk": 48},
+            (1, 128, 32),
+            torch.float32,
+            "activations 128:4:16 in chunks of 48 need hidden % (M * chunk) == 0; got hidden=128, M * chunk=768",
+        ),
+        (
+            {"chunk": 3000},
+            (1, 128, 32),
+            torch.float32,
+            "activations 128:4:16 in chunks of 3000 need hidden % (M * chunk) == 0; got hidden=128, M * chunk=48000",
+        ),
+        (None, (1, 128, 32), torch.float64, "dtype float64 is not one of float16, bfloat16, float32"),
+        (
+            None,
+            (1, 100, 32),
+            torch.float32,
+            "causal activations 128:4:16 need the sequence length (x's second-to-last dim) to be a multiple of "
+            "V=128; got x (1, 100, 32)",
+        ),
+        (
+            {"activations": "3:2:8"},
+            (1, 512, 32),
+            torch.float32,
+            "T=512 is not a multiple of V=3 (x (1, 512, 32)): activations 3:2:8 would run dense at every call, and "
+            "with weights=None and weight_grad='dense' nothing else is sparse",
+        ),
+    ],
+    ids=["chunk48", "chunk3000", "float64", "seq100", "3:2:8-T512"],
+)
+def test_a_found_ffn_that_runs_dense_warns_once_per_compile(options, shape, dtype, reason, caplog):
+    """Each reason a found FFN runs dense is logged once per compile (logger sparse_compile, WARNING),
+    naming its sites; the report's status says dense with the same reason."""
+    caplog.set_level(logging.WARNING, logger="sparse_compile")
+    compiled = torch.compile(Stack().to(dtype), backend="sparse", options=options)
+    x = torch.randn(shape, dtype=dtype)
+    compiled(x)
+    compiled(x)
+    report = compile_reports()[-1]
+    assert not report.sparse_sites and [s.record.reason for s in report.dense_sites] == [reason, reason]
+    assert str(report).startswith("sparse_compile report: 0 sparse FFN site(s), 2 dense")
+    sites = [f"{s.record.module} at {s.record.source}" for s in report.sites]
+    assert sites[0].startswith("blocks.0 at test_backend.py:") and sites[1].startswith("blocks.1 at test_backend.py:")
+    graph = report.sites[0].graph
+    assert _sparse_compile_warnings(caplog) == [
+        f"sparse_compile, graph {graph}: 2 FFNs ({', '.join(sites)}) run dense: {reason}"
+    ]
+
+
+def test_a_site_with_dense_activations_warns_and_reports_its_weights_sparse(caplog):
+    """With "3:2:8" and 2:4 weights at T=512 the weights run sparse, the activations dense at every call."""
+    caplog.set_level(logging.WARNING, logger="sparse_compile")
+    torch.compile(Stack(), backend="sparse", options={"activations": "3:2:8", "weights": "2:4"})(torch.randn(512, 32))
+    report = compile_reports()[-1]
+    assert len(report.sparse_sites) == 2 and all(s.patterns["F2"] == "W2:4" for s in report.sites)
+    sites = ", ".join(f"{s.record.module} at {s.record.source}" for s in report.sites)
+    assert _sparse_compile_warnings(caplog) == [
+        f"sparse_compile, graph {report.sites[0].graph}: 2 FFNs ({sites}) run sparse with dense activations: "
+        "T=512 is not a multiple of V=3"
+    ]
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ("fast", TypeError, "sparse_compile: options='fast' is a str, not a mapping; expected a dict"),
+        ({"activations": "128:5:16"}, ValueError, "SparsityConfig.activations='128:5:16': N=5 must be 1, 2 or 4;"),
+        ({"activations": "128:4:10"}, ValueError, "='128:4:10': M=10 must be a multiple of 4 larger than N=4;"),
+        ({"activations": "2-4"}, ValueError, "='2-4': 1 part(s) separated by ':', not 2 (N:M, e.g. '2:4') or 3"),
+        ({"activations": 128}, ValueError, "SparsityConfig.activations=128: not a string (int);"),
+        ({"weight_grad": "tokens:64:3:8"}, ValueError, "SparsityConfig.weight_grad='tokens:64:3:8': N=3 must be"),
+    ],
+)
+def test_bad_options_fail_at_the_first_call_with_the_project_s_message(options, error, message):
+    """torch.compile keeps a custom backend's options (torch 2.13: _TorchCompileWrapper) and hands them
+    to it only when Dynamo first compiles a graph, so torch.compile returns and the first call raises
+    Dynamo's BackendCompilerFailed, which quotes our error (its inner_exception); ours leads with
+    "sparse_compile: "."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    compiled = torch.compile(Stack(), backend="sparse", options=options)
+    with pytest.raises(BackendCompilerFailed) as info:
+        compiled(torch.randn(64, 32))
+    inner = info.value.inner_exception
+    assert type(inner) is error and str(inner).startswith("sparse_compile: ") and message in str(inner)
+    assert f"{error.__name__}: sparse_compile: " in str(info.value)
 
 
 def test_dump_dir_writes_graphs_and_report(tmp_path):

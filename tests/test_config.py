@@ -95,3 +95,64 @@ def test_options_from_text():
     with pytest.raises(ValueError, match="not valid JSON"):
         options_from_text("{bad")
     assert options_from_text("[1]") == {"preset": "[1]"}  # not JSON: a preset name, rejected later
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("128:5:16", "N=5 must be 1, 2 or 4"),
+        ("128:4:10", "M=10 must be a multiple of 4 larger than N=4"),
+        ("64:4:4", "M=4 must be a multiple of 4 larger than N=4"),
+        ("2:3", "M=3 must be a multiple of 4 larger than N=2"),
+        ("0:2:8", "V=0 must be >= 1"),
+        ("64:x:8", "N='x' is not an integer"),
+        ("2-4", "1 part(s) separated by ':', not 2 (N:M, e.g. '2:4') or 3 (V:N:M, e.g. '64:2:8')"),
+        ("1:2:4:8", "4 part(s) separated by ':', not 2 (N:M, e.g. '2:4') or 3 (V:N:M, e.g. '64:2:8')"),
+        (128, "not a string (int)"),
+    ],
+)
+def test_a_bad_pattern_names_the_part_that_is_wrong(value, problem):
+    rule = "expected None, '2:4' or 'V:N:M' (e.g. '64:2:8') with V >= 1, N in {1, 2, 4} and M a multiple of 4 "
+    rule += "larger than N"
+    with pytest.raises(ValueError) as info:
+        SparsityConfig(activations=value)
+    assert str(info.value) == f"SparsityConfig.activations={value!r}: {problem}; {rule}"
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("tokens:64:3:8", "N=3 must be 1, 2 or 4"),
+        ("tokens:64:2:6", "M=6 must be a multiple of 4 larger than N=2"),
+        ("tokens:2:4", "2 part(s) separated by ':', not 3 (V:N:M, e.g. '64:2:8')"),
+        ("sparse", "not 'dense' or 'tokens:...'"),
+        (8, "not a string (int)"),
+    ],
+)
+def test_a_bad_weight_grad_names_the_part_that_is_wrong(value, problem):
+    with pytest.raises(ValueError) as info:
+        SparsityConfig(weights="2:4", weight_grad=value)
+    rule = "expected 'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
+    assert str(info.value) == f"SparsityConfig.weight_grad={value!r}: {problem}; {rule}"
+
+
+@pytest.mark.parametrize("options", ["fast", ["preset", "venom"], 3])
+def test_options_that_are_not_a_mapping_raise_a_type_error_naming_the_type(options):
+    with pytest.raises(TypeError) as info:
+        BackendOptions.parse(options)
+    head = f"sparse_compile: options={options!r} is a {type(options).__name__}, not a mapping; expected a dict"
+    assert str(info.value).startswith(head)
+    assert ("options={'preset': 'fast'}" in str(info.value)) == (options == "fast")  # a string may be a preset's name
+
+
+def test_bad_options_lead_with_the_project_and_name_the_field():
+    with pytest.raises(ValueError) as info:
+        BackendOptions.parse({"activations": "128:5:16"})
+    head = "sparse_compile: bad options for backend='sparse': "
+    assert str(info.value).startswith(f"{head}SparsityConfig.activations='128:5:16': N=5 must be 1, 2 or 4;")
+    with pytest.raises(ValueError, match=f"^{head}SparsityConfig preset='x': expected one of"):
+        BackendOptions.parse({"preset": "x"})
+    with pytest.raises(ValueError, match=f"^{head}SparsityConfig.chunk=0: expected an int >= 1"):
+        BackendOptions.parse({"chunk": 0})
+    with pytest.raises(ValueError, match=r"^sparse_compile: unknown option\(s\) \['bogus'\]"):
+        BackendOptions.parse({"bogus": 1})

@@ -196,3 +196,52 @@ def test_autocast_float32_weights_go_into_the_op_uncast(preset, inside):
     assert x.meta["example_value"].dtype == torch.bfloat16
     for w in (w1, b1, w2, b2):
         assert w.meta["example_value"].dtype == (torch.float32 if inside else torch.bfloat16)
+
+
+def test_a_static_token_count_off_v_reports_what_runs():
+    """T = 512 tokens with V = 3: every call would run the activations dense. With nothing else sparse
+    the site stays dense with the reason (and the backend warns); with 2:4 weights or token-dim weight
+    gradients it runs sparse, its pattern columns without the activations; a symbolic T stays the op's
+    to decide per call."""
+    model = ffn_zoo.TorchReluSquare()
+    x = torch.randn(1, 512, ffn_zoo.D)
+    dense = explain(model, x, config={"activations": "3:2:8"})
+    assert str(dense).startswith("sparse_compile report: 0 sparse FFN site(s), 1 dense")
+    (site,) = dense.dense_sites
+    assert site.record.warn and site.record.reason == (
+        "T=512 is not a multiple of V=3 (x (1, 512, 32)): activations 3:2:8 would run dense at every call, and "
+        "with weights=None and weight_grad='dense' nothing else is sparse"
+    )
+    assert dense.site_warnings == [f"the FFN <root> at {site.record.source} runs dense: {site.record.reason}"]
+
+    weights = explain(model, x, config={"activations": "3:2:8", "weights": "2:4"})
+    (site,) = weights.sparse_sites
+    assert site.record.dense_activations == "T=512 is not a multiple of V=3" and not site.record.warn
+    assert site.patterns == {"F1": "W2:4", "F2": "W2:4", "B1": "W2:4", "B2": "dense", "B3": "W2:4", "B4": "dense"}
+    assert weights.site_warnings == [
+        f"the FFN <root> at {site.record.source} runs sparse with dense activations: T=512 is not a multiple of V=3"
+    ]
+    grads = explain(model, x, config={"activations": "3:2:8", "weight_grad": "tokens:64:2:8"})
+    (site,) = grads.sparse_sites
+    assert site.patterns["F2"] == "dense" and site.patterns["B2"] == "tok64:2:8"
+
+    for ok in (
+        explain(model, torch.randn(1, 513, ffn_zoo.D), config={"activations": "3:2:8"}),
+        explain(model, x, config={"activations": "3:2:8"}, dynamic=True),  # T symbolic
+    ):
+        (site,) = ok.sparse_sites
+        assert site.patterns["F2"] == "A3:2:8" and not site.record.dense_activations and not ok.site_warnings
+
+
+def test_only_dense_sites_the_options_did_not_ask_for_warn():
+    """min_hidden's sites and near-misses (not relu² FFNs) stay dense without a warning."""
+    x = torch.randn(64, ffn_zoo.D)
+    small = explain(ffn_zoo.TorchReluSquare(), x, config={"activations": "2:4", "min_hidden": 256})
+    assert len(small.dense_sites) == 1 and not small.site_warnings
+    miss = explain(ffn_zoo.GeluFFN(), x, config={"activations": "2:4"})
+    assert len(miss.dense_sites) == 1 and not miss.site_warnings
+    f64 = explain(ffn_zoo.TorchReluSquare().double(), x.double(), config={"activations": "2:4"})
+    assert f64.site_warnings == [
+        f"the FFN <root> at {f64.sites[0].record.source} runs dense: dtype float64 is not one of float16, bfloat16, "
+        "float32"
+    ]
