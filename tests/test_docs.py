@@ -1,16 +1,18 @@
-"""The README quotes bench/RESULTS.md: its tables must carry the same numbers."""
+"""bench/RESULTS.md's figures are the raw files' it names, and the README's are RESULTS's.
 
+RESULTS names each figure's file: a table's `file` column (`same file`: the row above's), or a
+`File:` line right after the table. These tests read the names from RESULTS and compare values, so
+a figure measured again changes RESULTS (and the README where it quotes it), not this file.
+"""
+
+import csv
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 RESULTS = (ROOT / "bench" / "RESULTS.md").read_text()
-CHUNK128 = '{"activations": "128:4:16", "causal": true, "chunk": 128}'  # the default's pattern, all rows scored
-# the main job: the default with its schedule (dense for the first 10% and the last 65%), five seeds
-MAIN_JOB = "h100_125m-d1024_2400steps_seeds_chunked-score16_lr-5e-4_lr-warmup-0.5_final-dense-0.65_cd99e00.csv"
-# the same, scored on all 128 rows (the default until 9f0bc18)
-MAIN_JOB_128 = "h100_125m-d1024_2400steps_seeds_chunked_lr-5e-4_lr-warmup-0.5_final-dense-0.65_e6b9fbc.csv"
+RES = ROOT / "bench" / "results"
 
 
 def _table_after(text: str, header_start: str) -> list[str]:
@@ -21,235 +23,148 @@ def _table_after(text: str, header_start: str) -> list[str]:
     return lines[start:end]
 
 
-def test_main_job_table_is_quoted_verbatim():
-    header = "| seed | dense val | sparse val |"
-    quoted = _table_after(README, header)
-    assert len(quoted) == 8
-    assert quoted == _table_after(RESULTS, header)
+def _cells(line: str) -> list[str]:
+    return [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
 
 
-def test_main_job_table_is_the_measured_csv():
-    import csv
+def _rows(text: str, header_start: str) -> list[dict[str, str]]:
+    """The table's body rows as {header cell: cell}, with ``file`` resolved through `same file`."""
+    table = _table_after(text, header_start)
+    header = _cells(table[0])
+    rows, last = [], None
+    for line in table[2:]:
+        row = dict(zip(header, _cells(line), strict=True))
+        if "file" in row:
+            last = row["file"] = last if row["file"] == "same file" else row["file"]
+        rows.append(row)
+    return rows
 
-    path = ROOT / "bench" / "results" / MAIN_JOB
-    rows = list(csv.DictReader(open(path)))
-    table = _table_after(RESULTS, "| seed | dense val | sparse val |")[2:]
-    for line, row in zip(table[:5], rows[:5], strict=True):
-        cells = _cells(line)
-        assert cells[1:4] == [f"{float(row['dense']):.4f}", f"{float(row['sparse']):.4f}", f"{float(row['diff']):+.2%}"]
-    mean = _cells(table[5])
+
+def _path(cell: str) -> Path:
+    """The raw file a RESULTS cell or line names: `results/NAME`."""
+    return RES / re.search(r"`results/([^`]+)`", cell).group(1)
+
+
+def _file_after(text: str, header_start: str) -> Path:
+    """The file named by the `File:` line that follows the table."""
+    lines = text.splitlines()
+    end = lines.index(_table_after(text, header_start)[-1])
+    line = next(line for line in lines[end + 1 :] if line.strip())
+    assert line.startswith("File: "), line
+    return _path(line)
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _e2e(path: Path, config: str) -> dict[str, str]:
+    return next(r for r in _csv(path) if r["config"] == config)
+
+
+def _paired(path: Path) -> tuple[str, str, str]:
+    """A seeds CSV's summary as RESULTS writes it: (mean ± s.e., kept mass, number of seeds)."""
+    rows = _csv(path)
+    s = next(r for r in rows if r["seed"] == "summary")
+    diff = f"{float(s['diff_mean']):+.2%} ± {float(s['diff_se']):.2%}"
+    return diff, f"{float(s['kept_mean']):.3f}", str(len(rows) - 1)
+
+
+def test_results_cites_every_raw_file_and_no_other():
+    cited = set(re.findall(r"`results/([^`]+)`", RESULTS))
+    assert cited == {p.name for p in RES.iterdir()}
+    assert len(cited) <= 40
+
+
+def test_results_stays_short():
+    assert len(RESULTS.splitlines()) < 400
+
+
+MAIN_JOB = "| seed | dense val | sparse val |"
+
+
+def test_main_job_table_is_its_csv():
+    rows = _csv(_file_after(RESULTS, MAIN_JOB))
+    table = [_cells(line) for line in _table_after(RESULTS, MAIN_JOB)[2:]]
+    assert len(table) == len(rows) == 6
+    for cells, row in zip(table[:5], rows[:5], strict=True):
+        want = [f"{float(row['dense']):.4f}", f"{float(row['sparse']):.4f}", f"{float(row['diff']):+.2%}"]
+        assert cells[1:5] == want + [f"{float(row['kept']):.3f}"], cells[0]
     summary = rows[5]
-    assert mean[3] == f"{float(summary['diff_mean']):+.2%} ± {float(summary['diff_se']):.2%}"
+    mean = table[5]
+    assert mean[1:3] == [f"{float(summary['dense_mean']):.4f}", f"{float(summary['sparse_mean']):.4f}"]
+    assert mean[3] == _paired(_file_after(RESULTS, MAIN_JOB))[0]
+    assert mean[4] == f"{float(summary['kept_mean']):.3f}"
     assert f"dense seed-to-seed spread {float(summary['dense_spread']):.2%}" in RESULTS
 
 
-def test_ffn_table_is_quoted_verbatim():
-    header = "| (T, d, h) | 2:4 weights + 128:2:16 |"
-    quoted = _table_after(README, header)
-    assert len(quoted) == 5
-    assert quoted == _table_after(RESULTS, header)
+DEFAULT_STEP = "| size | device | revision | dense step ms | default step ms | speedup |"
 
 
-def _cells(line: str) -> list[str]:
-    return [c.strip().replace("*", "") for c in line.strip("|").split("|")]
+def _whole_run(speedup: float, sparse_frac: float = 0.25) -> str:
+    """A run's speedup with ``sparse_frac`` of its steps sparse at ``speedup`` (the rest dense)."""
+    return f"{1 / (1 - sparse_frac + sparse_frac / speedup):.2f}x"
 
 
-def test_e2e_speedups_are_the_measured_ones():
-    readme = _table_after(README, "| model | venom (former default) |")
-    configs = ["venom (former default)", "activation24", "weight24", "128:2:16"]
-    measured = {}
-    for line in _table_after(RESULTS, "| size | config | tokens/s | speedup |")[2:]:
+def test_default_step_table_is_its_csvs():
+    rows = _rows(RESULTS, DEFAULT_STEP)
+    assert [r["size"] for r in rows] == ["350M", "1.3B", "2.7B"]
+    for row in rows:
+        dense, default = (_e2e(_path(row["file"]), c) for c in ("dense", "default"))
+        assert row["dense step ms"] == f"{float(dense['step_ms']):.2f}", row["size"]
+        assert row["default step ms"] == f"{float(default['step_ms']):.2f}", row["size"]
+        assert row["speedup"] == f"{float(default['speedup']):.3f}x", row["size"]
+        assert row["peak memory vs dense"] == f"{float(default['mem_vs_dense']):.3f}", row["size"]
+        assert row["whole run, 25% of steps sparse"] == _whole_run(float(default["speedup"])), row["size"]
+        assert row["device"] in default["device"], row["size"]
+
+
+def test_option_table_is_its_csvs():
+    for row in _rows(RESULTS, "| option | value | `bench.e2e` config |"):
+        config = re.search(r"`([^`]+)`", row["`bench.e2e` config"]).group(1)
+        measured = _e2e(_path(row["file"]), config)
+        assert row["speedup"] == f"{float(measured['speedup']):.3f}x", row
+        assert row["peak memory vs dense"] == f"{float(measured['mem_vs_dense']):.3f}", row
+
+
+def test_ffn_table_is_its_csv():
+    header = "| (T, d, h) | dense compiled fwd / bwd / full ms |"
+    rows = _csv(_file_after(RESULTS, header))
+    for line in _table_after(RESULTS, header)[2:]:
         cells = _cells(line)
-        measured[(cells[0], cells[1])] = cells[3]
-    quoted = 0
-    for line in readme[2:]:
-        cells = _cells(line)
-        size = re.sub(r", H100$", "", cells[0])
-        for config, value in zip(configs, cells[1:], strict=True):
-            assert measured[(size, config)] == value, (size, config)
-            quoted += 1
-    assert quoted == 12
+        shape = "x".join(re.findall(r"\d+", cells[0]))
+        measured = {(r["provider"], r["mode"]): r for r in rows if r["shape"] == shape}
+        modes = ("fwd", "bwd", "full")
+        for cell, provider in ((cells[1], "dense-compiled"), (cells[2], "sparse chunked")):
+            assert cell == " / ".join(f"{float(measured[(provider, m)]['ms']):.3f}" for m in modes), shape
+        ratios = [float(measured[("sparse chunked", m)]["speedup_vs_best_dense"]) for m in modes]
+        assert cells[3] == f"{ratios[0]:.2f}x / {ratios[1]:.2f}x / {ratios[2]:.3f}x", shape
 
 
-def test_default_speedups_are_the_measured_csvs():
-    """The README's default table: speedup and peak memory of the default options from the
-    end-to-end CSVs, at 350M and 1.3B (H100) and 2.7B (H200)."""
-    import csv
-
-    res = ROOT / "bench" / "results"
-    files = {
-        "350M, H100": ("h100_e2e_350m_default_df746b1_e2e.csv", "350m", "default"),
-        "1.3B, H100": ("h100_e2e_1.3b_default_bf7909d_e2e.csv", "1.3b", "default"),
-        "2.7B, H200": ("h200_e2e_3b_default_df746b1_e2e.csv", "3b", "default"),
-    }
-    rows = {_cells(line)[0]: _cells(line) for line in _table_after(README, "| model | default (chunked) |")[2:]}
-    for size, (name, model, label) in files.items():
-        row = next(r for r in csv.DictReader(open(res / name)) if (r["size"], r["config"]) == (model, label))
-        assert rows[size][1].split(" (")[0] == f"{float(row['speedup']):.3f}x", size
-        assert rows[size][2] == f"{float(row['mem_vs_dense']):.2f}", size
+def test_distributed_table_is_its_csvs():
+    rows = _rows(RESULTS, "| mode | config | tokens/s, all GPUs | per GPU | vs one GPU |")
+    assert len(rows) == 6
+    for row in rows:
+        measured = _e2e(_path(row["file"]), row["config"])
+        assert row["tokens/s, all GPUs"] == f"{int(measured['tokens_per_s']):,}", row
+        assert row["per GPU"] == f"{int(measured['tokens_per_s_per_gpu']):,}", row
+        assert row["vs one GPU"] == (measured["vs_one_gpu"] or "1"), row
+        assert row["speedup"] == f"{float(measured['speedup']):.3f}x", row
 
 
-def test_speed_quality_table_is_the_measured_csvs():
-    """The README's speed-against-quality table: 1.3B speedups from the end-to-end CSVs, 125M
-    paired differences and kept mass from the seeds CSVs."""
-    import csv
-
-    res = ROOT / "bench" / "results"
-    causal = '{"activations": "128:4:16", "causal": true}'
-    default = '{"activations": "128:4:8", "causal": true, "chunk": 64}'
-    default128 = '{"activations": "128:4:8", "causal": true, "chunk": 128}'
-    chunk64 = '{"activations": "128:4:16", "causal": true, "chunk": 64}'
-    sources = {  # README's (options, schedule) cells -> (e2e CSV and its config, or None; seeds CSV)
-        ("`chunked-half`, the former default", "10% / 25%"): (
-            ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
-            "h100_125m_2400steps_seeds_128-4-8-causal-chunk64_6pairs_5e0c722-4aa3935.csv",
-        ),
-        (f"`{default128}`", "10% / 25%"): (
-            ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", default128),
-            "h100_125m_2400steps_seeds_128-4-8-causal-chunk128_2f6f009.csv",
-        ),
-        ("venom (former default)", "10% / 25%"): (
-            ("h100_e2e_1.3b_b4e25c8.csv", "default"),
-            "h100_125m_2400steps_seeds_venom_3b6d6d8.csv",
-        ),
-        ('`{"activations": "128:2:16"}`', "10% / 25%"): (
-            ("h100_e2e_1.3b_patterns_bc7247a.csv", '{"activations": "128:2:16"}'),
-            "h100_125m_2400steps_seeds_128-2-16_3b6d6d8.csv",
-        ),
-        (f"`{causal}`", "10% / 25%"): (
-            ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
-            "h100_125m_2400steps_seeds_128-4-16-causal_bc7247a.csv",
-        ),
-        (f"`{causal}`", "10% / 40%"): (
-            ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
-            "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.4_b64ab84.csv",
-        ),
-        (f"`{chunk64}`", "10% / 40%"): (
-            ("h100_e2e_1.3b_default_df578b3_e2e.csv", chunk64),
-            "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_fd40_bc520ee.csv",
-        ),
-        ('`{"activations": "128:4:16", "causal": true, "permute": true}`', "10% / 25%, re-clustered every 100 steps"): (
-            None,
-            "h100_125m_2400steps_seeds_128-4-16-causal-permute_recluster-100_b64ab84.csv",
-        ),
-        (
-            '`{"activations": "128:4:16", "causal": true, "chunk": 64, "permute": true}`',
-            "10% / 40%, re-clustered every 100 steps",
-        ): (
-            None,
-            "h100_125m_2400steps_seeds_128-4-16-causal-chunk64-permute_recluster-100_fd40_e8b4234.csv",
-        ),
-    }
-    sources[(f"`{chunk64}`", "10% / 25%, one step in 4 dense")] = (
-        None,
-        "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_dense-every-4_86e0e93.csv",
-    )
-    sources[(f"`{causal}`", "10% / 50%")] = (
-        ("h100_e2e_1.3b_patterns_bc7247a.csv", causal),
-        "h100_125m_2400steps_seeds_128-4-16-causal_final-dense-0.5_86e0e93.csv",
-    )
-    sources[(f"`{chunk64}`", "10% / 50%")] = (
-        ("h100_e2e_1.3b_default_df578b3_e2e.csv", chunk64),
-        "h100_125m_2400steps_seeds_128-4-16-causal-chunk64_final-dense-0.5_f3d3b5c.csv",
-    )
-    d1024 = "model 125m-d1024"  # the 126M model with h = 4096 (h % 2048 == 0 for chunks of 128)
-    sources[(f"`{default}`", f"10% / 25%, {d1024}")] = (
-        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", "default"),
-        "h100_125m-d1024_2400steps_seeds_128-4-8-causal-chunk64_1eb8bb5.csv",
-    )
-    sources[(f"`{CHUNK128}`", f"10% / 25%, {d1024}")] = (
-        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", CHUNK128),
-        "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_4aa3935.csv",
-    )
-    sources[(f"`{CHUNK128}`", f"10% / 50%, {d1024}")] = (
-        ("h100_e2e_1.3b_h-from-b1_2f6f009_e2e.csv", CHUNK128),
-        "h100_125m-d1024_2400steps_seeds_128-4-16-causal-chunk128_final-dense-0.5_5pairs_4aa3935-1eb8bb5.csv",
-    )
-    res_new = "h100_125m-d1024_2400steps_seeds_{}_lr-warmup-0.5_final-dense-{}.csv"  # the main job at peak lr 1e-3
-    e2e_new = ("h100_e2e_1.3b_default_00e6ee6_e2e.csv", "default")
-    e2e_half = ("h100_e2e_1.3b_chunked-128-4-16-c128_3fb3d2b_e2e.csv", "chunked-half")  # before the TMA slabs
-    lr5 = "h100_125m-d1024_2400steps_seeds_{}_lr-5e-4_lr-warmup-0.5_final-dense-{}.csv"  # the main job, peak 5e-4
-    e2e_16 = ("h100_e2e_1.3b_default_bf7909d_e2e.csv", "default")
-    score16 = CHUNK128.replace("}", ', "score_rows": 16}')
-    sources[(f"default (`{score16}`)", "10% / 65%")] = (e2e_16, MAIN_JOB)
-    rows128 = '128 rows (`{"score_rows": null}`, the default until 9f0bc18)'
-    sources[(rows128, "10% / 65%")] = (e2e_new, MAIN_JOB_128)
-    permuted = lr5.format("default-permute-recluster100", "0.65_df746b1")
-    sources[('default, `{"permute": true}`', "10% / 65%, re-clustered every 100 steps")] = (None, permuted)
-    grid_a, grid_b = "h100_e2e_1.3b_grid-causal_0d605d1_e2e.csv", "h100_e2e_1.3b_grid-causal-b_0d605d1_e2e.csv"
-
-    def grid_seeds(pattern: str, arm: str, device: str, rev: str) -> str:
-        """The main job's seeds CSV of a causal V:N:M ``pattern`` (``arm``: '' or a suffix such as
-        '-permute-recluster100'), made on ``device`` at ``rev``."""
-        name = lr5.format(pattern.replace(":", "-") + "-causal" + arm, f"0.65_{rev}")
-        return name.replace("h100_", f"{device}_", 1)
-
-    for pattern, e2e, device, rev in (
-        ("64:2:8", grid_b, "h100", "0d605d1"),
-        ("128:2:8", grid_a, "h200", "766dc59"),
-        ("128:2:16", grid_b, "h100", "0d605d1"),
-        ("64:2:16", grid_a, "h200", "766dc59"),
-        ("32:2:16", grid_a, "h200", "766dc59"),
-    ):  # issue 16's grid, causal, on the main job
-        opts = f'{{"activations": "{pattern}", "causal": true}}'
-        sources[(f"`{opts}`", "10% / 65%")] = ((e2e, opts), grid_seeds(pattern, "", device, rev))
-    e2e_k = "h200_e2e_1.3b_unchunked-causal-permuted_f650813_e2e.csv"  # one H200, beside dense and the default
-    reclustered = "10% / 65%, re-clustered every 100 steps"
-    timed = ("128:2:8", "128:4:16")  # the permuted patterns whose 1.3B step was measured
-    for pattern in ("64:2:8", "128:2:8", "128:2:16", "64:2:16", "32:2:16", "128:4:16"):  # trained permuted
-        opts = f'{{"activations": "{pattern}", "causal": true, "permute": true}}'
-        seeds = grid_seeds(pattern, "-permute-recluster100", "h200", "f650813")
-        sources[(f"`{opts}`", reclustered)] = ((e2e_k, opts) if pattern in timed else None, seeds)
-    for pattern in ("128:4:16", "128:4:8"):  # unchunked, causal, the default's schedule
-        opts = f'{{"activations": "{pattern}", "causal": true}}'
-        sources[(f"`{opts}`", "10% / 65%")] = ((e2e_k, opts), grid_seeds(pattern, "", "h200", "f650813"))
-    sources[("128 rows", "10% / 50%")] = (e2e_new, lr5.format("chunked", "0.5_5seeds_1e138ac-e6b9fbc"))
-    sources[(f"`chunked-half` (`{default}`)", "10% / 50%")] = (e2e_half, lr5.format("chunked-half", "0.5_e6b9fbc"))
-    lr1 = "128 rows, peak lr 1e-3"
-    sources[(lr1, "10% / 50%")] = (e2e_new, res_new.format("chunked", "0.5_e66da62"))
-    sources[(lr1, "10% / 60%")] = (e2e_new, res_new.format("chunked", "0.6_3fb3d2b"))
-    window = "h100_125m-d1024_2400steps_seeds_chunked_lr-warmup-0.5_warmup-{}_final-dense-{}_1e138ac.csv"
-    for warm, tail in ((0.05, 0.55), (0.0, 0.6), (0.3, 0.3), (0.4, 0.2)):  # the 40% sparse window moved
-        sources[(lr1, f"{warm:.0%} / {tail:.0%}")] = (e2e_new, window.format(warm, tail))
-    sources[("`chunked-half`, peak lr 1e-3", "10% / 50%")] = (e2e_half, res_new.format("chunked-half", "0.5_3fb3d2b"))
-    header = "| options | dense warm-up / recovery | 1.3B sparse step | 125M val vs dense | kept mass | seeds |"
-    table = _table_after(README, header)[2:]
-    assert len(table) == len(sources)
-    for line in table:
-        cells = _cells(line)
-        e2e, seeds = sources[(cells[0], cells[1])]
-        speedup = "-"
-        if e2e is not None:
-            x = next(float(r["speedup"]) for r in csv.DictReader(open(res / e2e[0])) if r["config"] == e2e[1])
-            speedup = f"{x:.3f}x"
-        rows = list(csv.DictReader(open(res / seeds)))
-        s = next(r for r in rows if r["seed"] == "summary")
-        diff = f"{float(s['diff_mean']):+.2%} ± {float(s['diff_se']):.2%}"
-        want = [speedup, diff, f"{float(s['kept_mean']):.3f}", str(len(rows) - 1)]
-        assert cells[2:] == want, cells[0]
+QUALITY = "| configuration | schedule | 125M val vs dense | kept mass | seeds |"
 
 
-def test_distributed_table_is_the_measured_csvs():
-    """The README's distributed table and RESULTS section 5's current table: per-GPU throughput
-    against one GPU and the default's speedup, from the 2 x H200 CSVs of one run."""
-    import csv
-
-    res = ROOT / "bench" / "results"
-    runs = {"one GPU": "one", "DDP": "ddp", "FSDP2": "fsdp-unit4"}
-    rows = {
-        (mode, r["config"]): r
-        for mode, name in runs.items()
-        for r in csv.DictReader(open(res / f"h200x2_e2e_1.3b_{name}_73c52fc_e2e.csv"))
-    }
-    readme = {_cells(line)[0].split(" (")[0]: _cells(line) for line in _table_after(README, "| | dense, per GPU")[2:]}
-    assert set(readme) == set(runs)
-    for mode, cells in readme.items():
-        assert cells[1] == ("1" if mode == "one GPU" else rows[(mode, "dense")]["vs_one_gpu"]), mode
-        assert cells[2] == f"{float(rows[(mode, 'default')]['speedup']):.3f}x", mode
-    table = _table_after(RESULTS, "| mode | config | tokens/s, all GPUs | per GPU | vs one GPU |")[2:]
-    assert len(table) == 6
-    for line in table:
-        cells = _cells(line)
-        row = rows[(cells[0], cells[1])]
-        assert cells[2] == f"{int(row['tokens_per_s']):,}" and cells[3] == f"{int(row['tokens_per_s_per_gpu']):,}"
-        assert cells[4] == (row["vs_one_gpu"] or "1") and cells[8] == f"{float(row['speedup']):.3f}x"
+def test_quality_table_is_its_csvs():
+    for row in _rows(RESULTS, QUALITY):
+        paired = [row["125M val vs dense"], row["kept mass"], row["seeds"]]
+        assert paired == list(_paired(_path(row["seeds file"]))), row["configuration"]
+        if row["step file"] == "-":
+            assert row["1.3B step"] == "-"
+            continue
+        path = _path(row["step file"])
+        options = re.search(r"`(\{.*?\})`", row["configuration"])
+        configs = {r["config"] for r in _csv(path)}
+        config = options.group(1) if options and options.group(1) in configs else "default"
+        assert row["1.3B step"] == f"{float(_e2e(path, config)['speedup']):.3f}x", row["configuration"]
