@@ -36,6 +36,7 @@ class RunState:
     interval: dict  # losses, time and tokens since the last logged row
     health: list | None  # the probe's last weight masks (flip rate), or None before the first probe
     units: dict | None = None  # sparse_compile.unit_permutations() (hidden-unit permutations by site)
+    routes: dict | None = None  # sparse_compile.route_state() (routed sites' groups and routers)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from bench.model import GPT, SIZES, train_step
 from sparse_compile.clustering import kept_mass, static_share
 from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, SparsityConfig, options_from_text
 from sparse_compile.kernels import transposable_24_mask
+from sparse_compile.ops import routes
 from sparse_compile.passes.size_rule import small_ffn_bound
 from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
 
@@ -60,6 +61,7 @@ CSV_FIELDS = [
     "weight_flip_rate",
     "recluster_probe_s",
     "recluster_fit_s",
+    "route_oracle_frac",
 ]
 
 
@@ -150,9 +152,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--recluster-every",
         type=int,
-        default=0,
+        default=None,
         help='with {"permute": true} in --sparsity: refit the hidden-unit permutations on the current batch '
-        "every N steps of the sparse phase (sparse_compile.recluster; 0: never); log.csv's recluster_probe_s "
+        "every N steps of the sparse phase (sparse_compile.recluster; 0: never); with routed tokens (\"routes\") "
+        "the routing is fitted before the first sparse step and every N steps (default 100 there); "
+        "log.csv's recluster_probe_s "
         "and recluster_fit_s give the seconds of each log interval spent in the probe forward and in recluster()",
     )
     p.add_argument(
@@ -256,8 +260,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.config = BackendOptions.parse(options).config
     except ValueError as e:
         p.error(f"--sparsity {args.sparsity!r}: {e}")
-    if args.recluster_every < 0 or (args.recluster_every and not args.config.permute):
-        p.error(f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true in --sparsity')
+    routed = args.config.routes is not None
+    if args.recluster_every is None:
+        args.recluster_every = 100 if routed else 0
+    if args.recluster_every < 0 or (args.recluster_every and not (args.config.permute or routed)):
+        p.error(
+            f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true or "routes" in '
+            "--sparsity"
+        )
+    if routed and not args.recluster_every:
+        p.error("--recluster-every 0 with routed tokens: the routing must be fitted (expected N > 0)")
     if args.compile_mode != "default":
         options["mode"] = args.compile_mode
     args.options = options
@@ -318,9 +330,10 @@ class Health:
 
     def __init__(
         self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1,
-        causal: bool = False, score: int | None = None,
+        causal: bool = False, score: int | None = None, routed: bool = False,
     ) -> None:  # fmt: skip
         self.model = model
+        self.routed = routed  # kept mass as each site's router routes (ops/routes.py)
         self.pattern = pattern
         self.chunk = chunk
         self.causal = causal
@@ -331,11 +344,14 @@ class Health:
     @torch.no_grad()
     def probe(self, x: torch.Tensor, autocast) -> dict[str, float]:
         hs: list[torch.Tensor] = []
+        xs: list[torch.Tensor] = []
         seq = x.shape[-1] if self.causal else None  # x [B, S] token ids
-        hooks = [
-            b.mlp.register_forward_hook(lambda m, inp, out: hs.append(torch.relu(m.c_fc(inp[0])).square()))
-            for b in self.model.blocks
-        ]
+
+        def hook(m, inp, out):
+            hs.append(torch.relu(m.c_fc(inp[0])).square())
+            xs.append(inp[0].reshape(-1, inp[0].shape[-1]))
+
+        hooks = [b.mlp.register_forward_hook(hook) for b in self.model.blocks]
         try:  # eager, also where the blocks are compiled in place (FSDP2): the hooks read H
             with autocast(), torch.compiler.set_stance("force_eager"):
                 self.model(x)
@@ -343,8 +359,16 @@ class Health:
             for h in hooks:
                 h.remove()
         zeros = sum((h == 0).sum().item() for h in hs) / sum(h.numel() for h in hs)
-        kept = static = math.nan
-        if self.pattern is not None:
+        kept = static = oracle = math.nan
+        if self.routed:
+            pairs = [routes.kept_and_total(f"blocks.{i}.mlp", xi, h.reshape(-1, h.shape[-1])) for i, (xi, h) in
+                     enumerate(zip(xs, hs, strict=True))]  # fmt: skip
+            if all(p is not None for p in pairs):
+                kept = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
+            fits = routes.fitted_kept()
+            if fits:
+                oracle = sum(f["oracle"] for f in fits.values()) / len(fits)
+        elif self.pattern is not None:
             flat = [h.reshape(-1, h.shape[-1]).float() for h in hs]
             v, _, m = self.pattern
             fits = seq is None or seq % v == 0
@@ -361,7 +385,10 @@ class Health:
                 m.numel() for m in masks
             )
         self.previous = masks
-        return {"h_zero_frac": zeros, "h_kept_frac": kept, "h_static_frac": static, "weight_flip_rate": flips}
+        return {
+            "h_zero_frac": zeros, "h_kept_frac": kept, "h_static_frac": static, "weight_flip_rate": flips,
+            "route_oracle_frac": oracle,
+        }  # fmt: skip
 
 
 def _lr_warmup_steps(args: argparse.Namespace) -> int:
@@ -424,7 +451,7 @@ def train_one(
 
     health = Health(
         model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk,
-        args.config.causal, args.config.score_rows,
+        args.config.causal, args.config.score_rows, args.config.routes is not None,
     )  # fmt: skip
     result = RunResult(name)
     if gpu:
@@ -438,6 +465,7 @@ def train_one(
     state = ckpt.current if ckpt is not None else None
     if state is not None and state.name == name:
         sparse_compile.load_unit_permutations(state.units or {})
+        sparse_compile.load_route_state(state.routes or {})
         model.load_state_dict(state.model)
         opt.load_state_dict(state.optimizer)
         batches.generator.set_state(state.batches)
@@ -454,9 +482,23 @@ def train_one(
         ckpt.current = checkpoint.RunState(
             name, step, model.state_dict(), opt.state_dict(), batches.generator.get_state(),
             checkpoint.rng_state(), dataclasses.asdict(result), interval, health.previous,
-            sparse_compile.unit_permutations(),
+            sparse_compile.unit_permutations(), sparse_compile.route_state(),
         )  # fmt: skip
         checkpoint.save(Path(args.out), ckpt)
+
+    routed = args.config.routes is not None
+
+    def refit_on(x: torch.Tensor, y: torch.Tensor) -> None:
+        """Probe the sites on this batch and refit them (timed: part of the recipe's cost)."""
+        sync()
+        t1 = time.perf_counter()
+        with sparse_compile.probe_units(), torch.no_grad(), autocast():
+            compiled(x, y)
+        sync()
+        t2 = time.perf_counter()
+        sparse_compile.recluster()
+        recluster["probe"] += t2 - t1
+        recluster["fit"] += time.perf_counter() - t2
 
     bar = tqdm(range(start, args.steps), desc=f"{name:>6}", disable=args.no_progress or not d.main, file=sys.stderr)
     for step in bar:
@@ -469,18 +511,13 @@ def train_one(
         x, y = batches.next(device)
         sync()
         t0 = time.perf_counter()
-        loss = train_step(compiled, model, opt, x, y, autocast)
         since = step - schedule.dense_warmup_steps
-        if phase == "sparse" and args.recluster_every and since % args.recluster_every == 0:
-            sync()
-            t1 = time.perf_counter()
-            with sparse_compile.probe_units(), torch.no_grad(), autocast():  # timed: part of the recipe's cost
-                compiled(x, y)
-            sync()
-            t2 = time.perf_counter()
-            sparse_compile.recluster()
-            recluster["probe"] += t2 - t1
-            recluster["fit"] += time.perf_counter() - t2
+        refit = phase == "sparse" and args.recluster_every and since % args.recluster_every == 0
+        if refit and routed:  # routed sites route by a fitted router from their first sparse step on
+            refit_on(x, y)
+        loss = train_step(compiled, model, opt, x, y, autocast)
+        if refit and not routed:
+            refit_on(x, y)
         sync()
         dt = time.perf_counter() - t0
         if step not in first_steps:

@@ -2,29 +2,25 @@
 
   route     = argmax(X R^T + r)                  [T, G] scores: a GEMM with G columns
   dest, bg  = route_plan(route)                  tokens sorted by group, groups padded to V
-  X_p       = X scattered to the padded rows     zero rows between groups
+  X_p       = X[src]                             padded rows: src = each row's token (token 0 for
+                                                 the padding, whose R~ is then set to 0)
   ids       = cols[bg]                           [blocks, h*4/M]: each block its group's units
   F1  R~    = relu(X_p W1[ids]^T + b1[ids]), H~ = R~^2
                                                  gather-N GEMM with the activation epilogue: only
                                                  the kept chunks (4/M of F1), Z [T, h] never written
   F2  Y_p   = H~ W2^T[ids] + b2, Y = Y_p[dest]    gather-K GEMM
-  backward: dY_p = dY scattered to the padded rows, then kernels/ffn_gather.py's chunk backward
-  (B1 gather-N with dZ epilogue, B2/B4 block-sparse along tokens, B3 gather-K) on the padded rows,
-  dX = dX_p[dest]. The zero rows add nothing: dY_p is 0 there, so dZ~ is 0 and so are their
-  weight-gradient terms. Only R~ [rows, h*4/M], ids and dest live from forward to backward.
+  backward: dY_p = dY[src], then kernels/ffn_gather.py's chunk backward (B1 gather-N with dZ
+  epilogue, B2/B4 block-sparse along tokens, B3 gather-K) on the padded rows, dX = dX_p[dest],
+  db2 = sum of dY. The padding rows add nothing: their R~ is 0, so their dZ~ = (dY W2) * 2 R~
+  and H~ = R~^2 are 0, and so are their terms of dW1, db1 and dW2. All moves are gathers
+  (index_select). Only R~ [rows, h*4/M], ids and dest live from forward to backward.
 """
 
 import torch
 
 from sparse_compile.kernels.ffn_gather import _w2t, sqrelu_ffn_backward_gather
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
-from sparse_compile.kernels.routing import route_plan
-
-
-def pad_rows(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows, d]: row dest[t] holds x[t]; the other rows are 0."""
-    out = x.new_zeros(rows, x.shape[1])
-    return out.index_copy_(0, dest, x)
+from sparse_compile.kernels.routing import padded_sources, route_plan
 
 
 def sqrelu_ffn_forward_routed(
@@ -41,12 +37,14 @@ def sqrelu_ffn_forward_routed(
     """x [T, d], route int64 [T], cols int32 [G, h*4/M] -> (y [T, d_out], r_c [rows, h*4/M],
     ids int32 [rows/V, h*4/M], dest int64 [T])."""
     dest, block_group = route_plan(route, cols.shape[0], v)
-    ids = cols[block_group].contiguous()
-    x_p = pad_rows(x, dest, ids.shape[0] * v)
+    ids = cols.index_select(0, block_group)
+    src, valid = padded_sources(dest, ids.shape[0] * v)
+    x_p = x.index_select(0, src)
     h_c = torch.empty(x_p.shape[0], ids.shape[1], device=x.device, dtype=x.dtype)
     r_c = gather_n_mm(x_p, w1, ids, v, chunk=chunk, act=True, bias=b1, square_out=h_c)
+    r_c.mul_(valid[:, None])  # the padding rows' R~ to 0: backward then needs no zero rows of dY
     y_p = gather_k_mm(h_c, ids, _w2t(w2, chunk), v, b2, chunk=chunk)
-    return y_p[dest], r_c, ids, dest
+    return y_p.index_select(0, dest), r_c, ids, dest
 
 
 def sqrelu_ffn_backward_routed(
@@ -62,8 +60,8 @@ def sqrelu_ffn_backward_routed(
     chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [T, d], dw1, db1, dw2, db2) of the forward above, from its saved r_c, ids and dest."""
-    rows = r_c.shape[0]
-    dx_p, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
-        pad_rows(dy, dest, rows), pad_rows(x, dest, rows), w1, w2, r_c, ids, v, m, chunk=chunk
+    src, _ = padded_sources(dest, r_c.shape[0])
+    dx_p, dw1, db1, dw2, _ = sqrelu_ffn_backward_gather(
+        dy.index_select(0, src), x.index_select(0, src), w1, w2, r_c, ids, v, m, chunk=chunk
     )
-    return dx_p[dest], dw1, db1, dw2, db2
+    return dx_p.index_select(0, dest), dw1, db1, dw2, dy.sum(0)

@@ -34,8 +34,9 @@ def group_columns(groups: torch.Tensor, m: int, c: int) -> torch.Tensor:
 
 
 def route_tokens(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: each row of x [T, d]'s group, argmax of x R^T + r in float32 (R [G, d], r [G])."""
-    scores = torch.addmm(router_b.float(), x.float(), router_w.float().t())
+    """int64 [T]: each row of x [T, d]'s group, argmax of x R^T + r (R [G, d], r [G]): the product in
+    x's dtype (one read of x, no float32 copy), the bias added and the argmax taken in float32."""
+    scores = torch.mm(x, router_w.to(x.dtype).t()).float() + router_b.float()
     return scores.argmax(dim=1)
 
 
@@ -50,7 +51,8 @@ def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor
     order (stable sort); group g's rows start at V * (the blocks of the groups before it). No host
     sync: every shape is fixed by T, G and V."""
     t = route.numel()
-    counts = torch.bincount(route, minlength=n_groups)
+    # scatter_add, not bincount: bincount reads the range of its input back to the host (a sync)
+    counts = torch.zeros(n_groups, dtype=torch.long, device=route.device).scatter_add_(0, route, torch.ones_like(route))
     blocks = (counts + v - 1) // v
     block_end = torch.cumsum(blocks, 0)
     token_start = torch.cumsum(counts, 0) - counts
@@ -62,6 +64,15 @@ def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor
     nb = routed_blocks(t, n_groups, v)
     block_group = torch.searchsorted(block_end, torch.arange(nb, device=route.device), right=True)
     return dest, block_group.clamp_max(n_groups - 1)
+
+
+def padded_sources(dest: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src int64 [rows]: the token of each padded row, 0 for the padding; valid bool [rows])."""
+    src = torch.zeros(rows, dtype=torch.long, device=dest.device)
+    src[dest] = torch.arange(dest.numel(), device=dest.device)
+    valid = torch.zeros(rows, dtype=torch.bool, device=dest.device)
+    valid[dest] = True
+    return src, valid
 
 
 def routed_mask(route: torch.Tensor, cols: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.routing import group_columns, route_tokens
+from sparse_compile.kernels.routing import group_columns, route_tokens, routed_mask
 from sparse_compile.ops import units
 from sparse_compile.route_fit import fit_routes, initial_groups
 
@@ -175,3 +175,15 @@ def reset_routes() -> None:
 def fitted_kept() -> dict[str, dict[str, float]]:
     """Each fitted site's sample kept masses of its last fit."""
     return {name: dict(s.fitted) for name, s in _sites.items() if s.fitted}
+
+
+def kept_and_total(name: str, x2: torch.Tensor, h: torch.Tensor) -> tuple[float, float] | None:
+    """(sum of H that site ``name``'s routing keeps, sum of H) for rows x2 [T, d] and their
+    H [T, F] (units in their own order); None for a site never run."""
+    s = _sites.get(name)
+    if s is None or s.router_w is None or s.cols is None:
+        return None
+    with torch.no_grad():
+        hf = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
+        keep = routed_mask(route(s, x2), s.cols.to(h.device), h.shape[1])
+        return float((hf * keep).sum()), float(hf.sum())

@@ -72,11 +72,10 @@ def unpermute(dw1: torch.Tensor, db1: torch.Tensor, dw2: torch.Tensor, perm: tor
     """Gradients of W1[p], b1[p], W2[:, p] -> of W1, b1, W2 (row p[i] of dW1 is row i of dW1[p])."""
     if perm is None:
         return dw1, db1, dw2
-    return (
-        torch.empty_like(dw1).index_copy_(0, perm, dw1),
-        torch.empty_like(db1).index_copy_(0, perm, db1),
-        torch.empty_like(dw2).index_copy_(1, perm, dw2),
-    )
+    # gathers by the inverse permutation (index_select), the same values as scattering by perm
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return dw1.index_select(0, inverse), db1.index_select(0, inverse), dw2.index_select(1, inverse)
 
 
 def record(name: str, pattern: tuple[int, int, int], chunk: int, x2, w1, b1) -> None:
