@@ -168,3 +168,45 @@ def test_quality_table_is_its_csvs():
         configs = {r["config"] for r in _csv(path)}
         config = options.group(1) if options and options.group(1) in configs else "default"
         assert row["1.3B step"] == f"{float(_e2e(path, config)['speedup']):.3f}x", row["configuration"]
+
+
+README_DEFAULT = "| model (device) | sparse step vs dense |"
+
+
+def test_readme_default_table_quotes_results():
+    results = {row["size"]: row for row in _rows(RESULTS, DEFAULT_STEP)}
+    rows = _rows(README, README_DEFAULT)
+    assert len(rows) == len(results)
+    for row in rows:
+        size, device = re.match(r"\[(\S+) \((\w+)\)\]", row["model (device)"]).groups()
+        measured = results[size]
+        assert device == measured["device"], size
+        assert row["sparse step vs dense"] == measured["speedup"], size
+        assert row["whole run, default schedule (projected)"] == measured["whole run, 25% of steps sparse"], size
+        assert row["peak memory vs dense"] == measured["peak memory vs dense"], size
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_into_results_quote_its_figures():
+    anchors = {_slug(line.lstrip("#")) for line in RESULTS.splitlines() if line.startswith("## ")}
+    links = re.findall(r"\[([^\]]+)\]\(bench/RESULTS\.md#([^)]+)\)", README)
+    assert len(links) >= 5
+    for text, anchor in links:
+        assert anchor in anchors, anchor
+        for figure in re.findall(r"[+-]?\d+\.\d+(?:%|x)?", text):
+            assert figure in RESULTS, (text, figure)
+    mean = _cells(_table_after(RESULTS, MAIN_JOB)[-1])[3]  # the main job's result, as RESULTS states it
+    assert f"[{mean}](bench/RESULTS.md#" in README
+
+
+def test_readme_is_a_reference_with_the_ci_test_command():
+    assert len(README.splitlines()) <= 180
+    quick = README.split("\n## Quick start\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in quick.splitlines()]
+    assert 'pip install -e ".[test]"' in commands and "python -m bench.train" in commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert [c for c in commands if "pytest" in c] == [c for c in ci if "pytest" in c and not c.startswith("#")]
