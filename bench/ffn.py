@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.ffn", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--shapes", help="T,d,h;T,d,h;... (default: the DESIGN.md shapes on CUDA, a small one on CPU)")
+    p.add_argument(
+        "--shapes",
+        help="T,d,h;T,d,h;... (default on CUDA: 16384,768,3072;16384,2048,8192;16384,4096,16384;4096,1024,4096; "
+        "on CPU: 512,64,256)",
+    )
     p.add_argument(
         "--sparsity",
         action="append",

@@ -126,7 +126,7 @@ def bench_one(t: int, d: int, h: int, v: int, n: int, m: int, copy: float) -> li
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gather_kernels", description=__doc__)
-    p.add_argument("--shapes", help="T,d,h;... (default: the DESIGN.md shapes)")
+    p.add_argument("--shapes", help="T,d,h;... (default: 16384,2048,8192;16384,4096,16384)")
     p.add_argument("--patterns", help="V:N:M,... (default: 128:2:8,128:2:16,64:2:8)")
     p.add_argument("--csv", help="write the rows here")
     args = p.parse_args(argv)

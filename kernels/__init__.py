@@ -1,7 +1,7 @@
 """Kernels for sparse_compile: math only, no graph knowledge.
 
 Each family lives in one file beside its pure-torch reference. The references
-define the semantics (shared/DESIGN.md section 4); every fast kernel must match them.
+define the semantics (docs/design.md, "Semantics"); every fast kernel must match them.
 """
 
 from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select

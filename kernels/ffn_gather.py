@@ -1,6 +1,6 @@
 """Squared-ReLU FFN with V:N:M activations on the compact operand (Triton kernels + cuBLAS).
 
-Same math as kernels/ffn_reference.py, GEMM by GEMM (DESIGN.md section 4 notation):
+Same math as kernels/ffn_reference.py, GEMM by GEMM (the notation of docs/design.md, "Semantics"):
   F1  Z = X W1^T + b1                   cuBLAS (W1 arrives already 2:4-masked if configured), or
                                         cuSPARSELt on the compressed W~1 when given an algorithm id
       h_c, r_c, ids = select(Z)         one memory pass (activation_select_triton.py)

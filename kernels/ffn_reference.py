@@ -1,6 +1,6 @@
 """Masked squared-ReLU FFN, forward and backward: pure-torch reference.
 
-Notation (shared/DESIGN.md section 4): X [T, d], Z = X W1^T + b1 [T, h], R = relu(Z),
+Notation (docs/design.md, "Semantics"): X [T, d], Z = X W1^T + b1 [T, h], R = relu(Z),
 H = R^2, A = activation mask of H, R~ = R * A, H~ = R~^2, Y = H~ W2^T + b2 [T, d_out].
 Weights arrive already masked (W~); the activation mask is chosen here.
 

@@ -2,7 +2,7 @@
 
 Anchors on the first linear, walks its users, requires a single consumer on every step,
 and never raises on a model: a chain that almost matches becomes a NearMiss with the
-reason it stays dense. Spellings: shared/DESIGN.md section 3.
+reason it stays dense. Spellings: docs/design.md, "Passes".
 """
 
 import operator

@@ -65,7 +65,7 @@ def _vnm(value: object, forms: tuple[int, ...]) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class SparsityConfig:
-    """What is sparse in the sparse phase (shared/DESIGN.md section 4).
+    """What is sparse in the sparse phase (docs/design.md, "Semantics").
 
     weights: None or "2:4" (transposable 2:4 magnitude mask of W1 and W2, straight-through grads).
     activations: None, "2:4" (along the hidden dim) or "V:N:M" (e.g. "64:2:8").
