@@ -9,7 +9,7 @@ between the block graphs and can prefetch and overlap; the embedding, final norm
 eagerly.
 ``FSDPOptions`` (--fsdp-unit, --fsdp-reshard, --fsdp-prefetch, --fsdp-param-dtype) sets the blocks
 per unit, the units' reshard_after_forward, an explicit prefetch depth and the blocks' all-gathered
-dtype; its defaults are the fastest measured at 1.3B on 2 x H200 (bench/RESULTS.md section 5).
+dtype; its defaults are the fastest settings measured (bench.e2e --distributed fsdp with each flag).
 """
 
 import argparse
@@ -37,7 +37,7 @@ class Dist:
 
 @dataclass(frozen=True)
 class FSDPOptions:
-    """How FSDP2 shards the blocks (bench/RESULTS.md section 5 measured each at 1.3B on 2 x H200).
+    """How FSDP2 shards the blocks.
 
     ``reshard_after_forward``: free each unit's all-gathered parameters after its forward (all-gathered
     again for its backward); False keeps them until the backward: one all-gather per unit per step,

@@ -89,8 +89,7 @@ DATA_BATCHES = 4  # distinct batches cycled through the steps
 
 def cpu_probe_ms(repeats: int = 5) -> float:
     """Median ms of a fixed pure-Python workload (dict and list churn): how fast this process's CPU
-    runs Python just before the timed steps. 4.7-9.0 ms over seven processes of the H100 machines
-    (bench/RESULTS.md section 2), about 4 on the CPU machine."""
+    runs Python just before the timed steps (it varies between processes of one machine)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

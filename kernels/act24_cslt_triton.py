@@ -33,9 +33,8 @@ from sparse_compile.kernels.cslt_compress_triton import (
     meta_slots,
 )
 
-# (tiles of 32 columns per program, warps): the fastest of TILES 2-16 x warps 2-8 at T = h = 16384 on
-# an H100 (bench/RESULTS.md at afb7342, 4n): forward (8, 8) 0.495 ms, 0.77 of copy (next: (2, 8) 0.537);
-# backward (4, 8) 0.838 ms, 0.88 (next: (8, 4) 0.870)
+# (tiles of 32 columns per program, warps): the fastest of a sweep of TILES 2-16 x warps 2-8 at
+# T = h = 16384 (bench/cslt_mm.py times these kernels)
 FWD_TILES, FWD_WARPS = 8, 8
 BWD_TILES, BWD_WARPS = 4, 8
 

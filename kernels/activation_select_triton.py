@@ -13,8 +13,7 @@ Bytes per call: read T*F (+F bias), write 2 * T*F*4/M values + (T/V)*F*4/M int32
 2 + 2 bytes per element of Z in bf16: the kernel should run at copy speed.
 The one-read kernel (_vnm_select_onchip_kernel) loads the whole [V, BLOCK_G*M] tile once, keeps it
 in registers, and takes the kept columns from it with tl.gather instead of reading them again;
-where that measured faster (ONCHIP_DEFAULT: 128:x:8, 128:x:16, 64:x:8; 0.74-0.86 of copy at
-h = 16384) it is the default.
+where that measured faster (ONCHIP_DEFAULT: 128:x:8, 128:x:16, 64:x:8) it is the default.
 Same answer as kernels/activation_mask.py:vnm_compact_ref (ties included; column norms are
 summed in a different order, so only norms equal to within rounding can pick differently).
 """
@@ -27,14 +26,11 @@ from sparse_compile.kernels.activation_mask import _check
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Pass 2 re-reads the tile pass 1 just read; with ~9 programs of 64 KB tiles per SM the tiles in
-# flight exceed L2 and the re-read goes to DRAM (ncu, 128:2:8: DRAM 79% busy, L2 hit 40%). L2
-# eviction hints on the two reads: 0.481 -> 0.460 ms (128:2:16), 0.595 -> 0.591 (128:2:8), same
-# output, never slower in 7 tilings (H100, bench/RESULTS.md at afb7342, 4l).
+# flight exceed L2 and the re-read goes to DRAM. L2 eviction hints on the two reads keep the tile
+# for the re-read (same output; never slower in the tilings swept).
 EVICT_DEFAULT = True
-# (V, M) -> groups per program of the one-read kernel where it is the default, 4 warps; at
-# 16384 x 16384 bf16 with bias on an H100 (bench/RESULTS.md at afb7342, 4n), against the two-read kernel:
-# 128:2:8 0.622 -> 0.425 ms (0.85 of copy), 128:4:8 0.620 -> 0.416 (0.86), 128:2:16 0.468 -> 0.366
-# (0.74), 64:2:8 0.582 -> 0.484 (0.75).
+# (V, M) -> groups per program of the one-read kernel where it is the default (faster than the
+# two-read kernel there), 4 warps
 ONCHIP_DEFAULT = {(128, 8): 8, (128, 16): 4, (64, 8): 16}
 
 
@@ -257,8 +253,8 @@ def _vnm_select_onchip_kernel(
     out = g0 * 4 + tl.arange(0, 4 * BLOCK_G)
     tl.store(ids_ptr + tb.to(tl.int64) * stride_ids + out, (local + g0 * M).to(tl.int32))
 
-    # gathering along M (16 or 8 candidates) rather than along the whole tile row measured
-    # 0.464 -> 0.383 ms at 128:2:16 (H100, bench/RESULTS.md at afb7342, 4n): fewer layout conversions
+    # gathering along M (16 or 8 candidates) rather than along the whole tile row: fewer layout
+    # conversions
     index = tl.broadcast_to(kept[None, :, :], (V, BLOCK_G, 4))
     z_k = tl.reshape(tl.gather(tl.reshape(z, (V, BLOCK_G, M)), index, axis=2), (V, 4 * BLOCK_G))
     bias_k = tl.load(b_ptr + g0 * M + local).to(tl.float32)[None, :] if HAS_BIAS else 0.0
@@ -338,9 +334,9 @@ def _select(name, z, bias, v, n, m, block_g, rows, num_warps, abs_score, evict=E
         )  # fmt: skip
         return h_c, r_c, ids
     m_p = triton.next_power_of_2(m)
-    # Defaults from the H100 sweep at 16384 x 16384 (bench/RESULTS.md at afb7342, 4l): 64 hidden columns x 16
-    # rows per step for M=16 (0.48 ms, 128:2:16), 256 columns x 8 rows for M<=8 (0.60 ms, 128:2:8;
-    # 64 x 16 took 0.63). V=1 (2:4) has one row per program: 256 columns (1.57 ms vs 9.6 ms).
+    # Defaults, the fastest of a sweep at 16384 x 16384 (bench/select_kernel.py): 64 hidden columns x
+    # 16 rows per step for M=16, 256 columns x 8 rows for M<=8. V=1 (2:4) has one row per program: 256
+    # columns.
     if block_g is None:
         block_g = max(1, min(triton.next_power_of_2(f // m), (256 if v == 1 or m_p <= 8 else 64) // m_p))
     if rows is None:

@@ -94,7 +94,7 @@ def _chunk_select_kernel(
     s4 = tl.arange(0, 4)
     # the kept units come in runs of C from multiples of C, the output columns are one run of 4C:
     # said to the compiler, pass 2 reads and writes whole vectors (without it, one 16-bit access
-    # per element: 0.591 ms at (16384, 8192), 128:4:8 c 64, H100, 0.30 of copy bandwidth)
+    # per element)
     unit = tl.max_contiguous(tl.multiple_of(tl.reshape(unit, (4 * C,)), C), C)
     out_col = g * 4 * C + tl.arange(0, 4 * C)
     rr2 = tl.arange(0, ROWS2)
@@ -128,11 +128,9 @@ def chunk_supports(v: int, m: int, c: int) -> bool:
 
 def select_tiling(m: int, c: int) -> tuple[int, int, int]:
     """(rows per step of pass 1, of pass 2, warps). Where M*c >= 2048 (the default's causal 128:4:16
-    in chunks of 128): [rows, M*c] and [rows2, 4c] tiles of 8192 entries (16 KB of 16-bit Z), 8 warps.
-    H100 (bench.chunk_kernels --select-sweep, every tiling bit-exact): (4, 16, 8) took 0.086 ms at
-    (16384, 4096) against 0.131 for the former (2, 2, 4), whose 8 KB steps of 4 warps keep too
-    little in flight for its 256 programs, and 0.160 against 0.180 at (16384, 8192). Narrower
-    groups keep the former [rows, M*c] tiles of 4096 entries for both passes, 4 warps (not swept)."""
+    in chunks of 128): [rows, M*c] and [rows2, 4c] tiles of 8192 entries (16 KB of 16-bit Z), 8 warps,
+    the fastest of `python -m bench.chunk_kernels --select-sweep` (smaller steps keep too little in
+    flight). Narrower groups: [rows, M*c] tiles of 4096 entries for both passes, 4 warps."""
     if m * c >= 2048:
         return max(1, 8192 // (m * c)), max(1, min(16, 8192 // (4 * c))), 8
     rows = min(16, 4096 // (m * c))

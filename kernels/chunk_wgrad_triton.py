@@ -23,16 +23,15 @@ programs per SM, so a call lasts as long as the chunk kept by the most blocks (K
 vary with how often it is kept; ~64 on average at T = 16384, keep 1/4). With ``split`` S > 1 each
 (chunk, D tile) is shared by S programs, each taking 1/S of its K steps and writing its float32
 partial to [S, ...]; one more launch sums the partials in a fixed order (deterministic) and rounds
-once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024, 4096): ~0.04 ms
-at 3 TB/s). By default S is the smallest power of two (at most 8) that gives at least 4 programs
-per SM (at (16384, 2048, 8192) S = 2 of the c >= 128 tile took B4 from 0.270 to 0.342 ms on an
-H100). The c >= 128 tile (one program per SM) splits by the selection instead, on the GPU: the
-TAIL schedule (``_tail_plan``) splits only the heavy tiles of a last, partly filled wave into
-pieces, their partials P x BLOCK_D x c x 4 bytes (17 MB on 132 SMs).
+once. Extra traffic: S x D x h x 4 bytes written and read (64 MB at S = 4, (1024, 4096)). By
+default S is the smallest power of two (at most 8) that gives at least 4 programs per SM; not for
+the c >= 128 tile (one program per SM), where a fixed split costs more than it balances. That tile
+splits by the selection instead, on the GPU: the TAIL schedule (``_tail_plan``) splits only the
+heavy tiles of a last, partly filled wave into pieces, their partials P x BLOCK_D x c x 4 bytes.
 
 db1 = scatter(dZ~).sum(0) is ``chunk_colsum``: per-block column sums of dZ~ (or the row-tile sums
 that B1's gather-N epilogue wrote), then one program per chunk over the same csr (deterministic).
-Summed inside the wgrad kernel it either raced (tl.sum) or cost +78% (a ones dot).
+Summed inside the wgrad kernel it either raced (tl.sum) or was slower (a ones dot).
 """
 
 import torch
@@ -228,9 +227,9 @@ def _chunk_wgrad_kernel(
         n_iter = tl.minimum(n_iter, i0 + share)
     acc = tl.zeros((C, BLOCK_D) if UNITS_M else (BLOCK_D, C), dtype=tl.float32)
     # A feeds the dot only: a tl.sum of A's tile here (db1) makes Triton 3.6 keep one shared buffer of
-    # A that the next step's async copy overwrites under the in-flight wgmma (dW1 1-4% off on an
-    # H100; tests/triton_sm90_compile.py flags that pattern), and db1 as ones^T A on the tensor
-    # cores costs +78% (0.417 -> 0.742 ms at (16384, 2048, 8192), H100): db1 is chunk_colsum's
+    # A that the next step's async copy overwrites under the in-flight wgmma (wrong dW1;
+    # tests/triton_sm90_compile.py flags that pattern), and db1 as ones^T A on the tensor cores
+    # serializes four small wgmmas per step: db1 is chunk_colsum's
     # one flat loop over (kept block, K step), so the loads of the next step are issued under this
     # step's dot (the index loads cost a pipeline stage, as in gather_k)
     for i in range(i0, n_iter):
@@ -428,13 +427,11 @@ def chunk_wgrad(
     ``split``: programs per output tile, each summing 1/split of its K steps (None: the TAIL
     schedule for the c >= 128 tile, else split_for).
     ``units_m``: the output tile [c, block_d] (a's chunk along the MMA's M) instead of [block_d, c].
-    Off by default: on an H100 at (16384, 2048, 8192), c = 64, B4 took 0.412-0.415 ms against 0.416
-    and B2 0.568-0.697 against 0.464 (bench.chunk_kernels --sweep, 5e0c722; bench/RESULTS.md
-    section 2), where one m64n256k16 per k16 step was predicted to read 10 instead of 16 KB of
-    shared memory; and B2's sm90 build loads its squared A tile with scalar 16-bit loads.
+    Off by default: no faster for B4 and slower for B2, whose sm90 build loads its squared A tile
+    with scalar 16-bit loads (``python -m bench.chunk_kernels --sweep`` times both).
     ``tma``: load a and b through TMA descriptors (None: for c >= 128 on sm90+ where both are 16-byte
-    aligned; c = 64 measured no faster through TMA). None for block_d, num_warps, num_stages: the
-    measured defaults per c.
+    aligned; c = 64 is no faster through TMA). None for block_d, num_warps, num_stages: the
+    defaults per c (the fastest of ``--sweep``).
     ``tail``: the TAIL schedule (_tail_plan): the heavy tiles of a last, partly filled wave split over
     the SMs it would leave idle, their float32 partials summed by one more launch (None: on for the
     c >= 128 tile where ``split`` is None; not with ``units_m`` or ``split``). It takes ``order``
@@ -449,14 +446,11 @@ def chunk_wgrad(
     offsets, blocks, cols = csr if csr is not None else chunk_csr(ids, c, h)
     d = b.shape[1]
     out = torch.empty((d, h) if transpose else (h, d), device=a.device, dtype=a.dtype)
-    # H100, bench.chunk_kernels --sweep (bench/RESULTS.md section 2). c = 64: BLOCK_D 256, 8 warps
-    # through pointers, 1.834 ms at (16384, 4096, 16384) against 2.001 for 128 / 4 warps, 0.462 vs 0.497
-    # ms at (16384, 2048, 8192); through TMA no faster (0.778-0.843 against 0.784-0.863 at 128:4:8):
-    # the kernel is L2-bound there. c = 128: a [256, 128] tile, 8 warps, 5 stages, TMA (Triton 3.6
-    # spends one stage on the csr loads: 3 buffers of 48 KB, one program per SM). At 128:4:16, B4
-    # 0.632 ms against 0.897 for [128, 128] / 4 warps / 4 stages (2 buffers) at (16384, 3072, 12288),
-    # 0.270 against 0.317 at (16384, 2048, 8192); the same tile at 3 or 4 stages (2 buffers, two
-    # programs per SM) 0.916 / 0.408 (bench/RESULTS.md section 4, the c = 128 tilings)
+    # Tiles, the fastest of bench.chunk_kernels --sweep. c = 64: BLOCK_D 256, 8 warps, through
+    # pointers (the kernel is L2-bound there: each kept chunk re-reads its blocks' rows of b, and TMA
+    # is no faster). c = 128: a [256, 128] tile, 8 warps, 5 stages, TMA (Triton 3.6 spends one stage
+    # on the csr loads: 3 buffers of 48 KB, one program per SM), ahead of [128, 128] tiles with 2
+    # buffers and of the same tile at 3 or 4 stages (2 buffers, two programs per SM)
     cuda = a.device.type == "cuda"
     wide = _wide(c, a.device, units_m)
     block_d = block_d or (32 if not cuda else 256)
@@ -486,21 +480,16 @@ def chunk_wgrad(
     use_tma = tma_for(a, tma) and tma_for(b, tma)
     a_src = TensorDescriptor.from_tensor(a, [block_k, c]) if use_tma else a
     b_src = TensorDescriptor.from_tensor(b, [block_k, block_d]) if use_tma else b
-    # Program order of the c >= 128 tile (H100, 128:4:16 at (16384, 3072, 12288), bench.chunk_kernels
-    # --sweep): 4 D tiles per chunk back to back, chunks most-kept first, 0.535-0.540 ms with random
-    # Z against 0.637-0.640 in chunk-id order with D tiles outer (each chunk's A slab re-read once
-    # per D tile from DRAM) and 0.572 with all 12 D tiles inner; with skewed popularity (--skew 1)
-    # 0.597-0.601 against 0.583-0.592 and 0.604-0.606. Other tiles keep chunk-id order, D tiles outer
+    # Program order of the c >= 128 tile (the fastest of bench.chunk_kernels --sweep): 4 D tiles per
+    # chunk back to back, chunks most-kept first; in chunk-id order with D tiles outer each chunk's A
+    # slab is re-read once per D tile from DRAM. Other tiles keep chunk-id order, D tiles outer
     if order is None:
         order = chunk_order(offsets) if tail else default_order(offsets, c, units_m)
     group_d = group_d or (4 if wide else 1)
     order_arg = offsets if order is None else order  # any int32 pointer: the kernel reads it only when ORDERED
-    # TAIL: in a step from initialization every block keeps about the same chunks (2.7B width: p50 1,
-    # p90 125 of 128 blocks per chunk), ~24 x 12 = 288 heavy tiles of 128 blocks on 132 SMs, one per
-    # SM: 3 waves, the last 18% full, for 2.18 waves of work; the last 24 in 5 pieces fill 120 SMs
-    # for a fifth of a wave (P x BLOCK_D x c x 4 bytes of partials, 17 MB). H100, the step's own
-    # operands (bench.wgrad_step): B2 0.513 / B4 0.532 ms against 0.556 / 0.562 one program per
-    # tile; H200, a 2.7B step: B2 + B4 31.1 -> 26.0 ms (bench/RESULTS.md section 2)
+    # TAIL: where most blocks keep the same chunks, the heavy tiles (chunks kept by most blocks) run
+    # one per SM in waves and the last wave is partly full; its tiles are split into pieces of
+    # contiguous K steps over the SMs it would leave idle (P x BLOCK_D x c x 4 bytes of partials)
     p = programs if programs is not None else sm_count(a.device.index) if cuda else 4
     if p < 1:
         raise ValueError(f"chunk_wgrad: programs={programs}; expected an int >= 1")

@@ -13,7 +13,7 @@ one program per G M-groups walks the T/V blocks in order, sums each block's V ro
 compact columns in float32 and adds them at their units (one-hot within each group: the 4 ids of
 a group are distinct units of it). One read of c, one launch, a fixed summation order. Count at
 (T, h) = (16384, 8192), 128:4:16: 67 MB read by 128 programs, each a serial walk of 32 steps of
-16 KB loads (2 MB in flight in all): ~0.03-0.05 ms.
+16 KB loads (2 MB in flight in all).
 """
 
 import torch

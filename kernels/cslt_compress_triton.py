@@ -1,12 +1,11 @@
 """cuSPARSELt's compressed 2:4 operand for sm90 (Hopper), written by Triton (reference: cslt_compress_ref).
 
-torch._cslt_compress(A) takes 4.6 ms on a 16384 x 8192 bf16 tensor on an H100, several times the
-GEMM it feeds; this kernel writes the same buffer, bit for bit, in one pass (read A, write half of
-it plus metadata). The layout is undocumented; bench/cslt_probe.py read it off _cslt_compress on an
-H200 and an H100 (torch 2.11, cuSPARSELt 0.8.0), and tests/data/cslt_sm90_probe_{h200,h100}.npz
-keep real outputs that the CPU tests compare against. For A [m, k] bf16/fp16, 2:4 along k (the
-GEMM's K), m % 64 == 0 and k % 64 == 0, the buffer has A's dtype, shape [m, k/2 + k/16]
-(m*k/2 + m*k/16 elements), and holds
+torch._cslt_compress(A) takes several times as long as the GEMM it feeds; this kernel writes the
+same buffer, bit for bit, in one pass (read A, write half of it plus metadata). The layout is
+undocumented; bench/cslt_probe.py read it off _cslt_compress on an H200 and an H100 (torch 2.11,
+cuSPARSELt 0.8.0), and tests/data/cslt_sm90_probe_{h200,h100}.npz keep real outputs that the CPU
+tests compare against. For A [m, k] bf16/fp16, 2:4 along k (the GEMM's K), m % 64 == 0 and
+k % 64 == 0, the buffer has A's dtype, shape [m, k/2 + k/16] (m*k/2 + m*k/16 elements), and holds
   values    flat [0, m*k/2): the kept values as a row-major [m, k/2], a group's two in column order
   metadata  the rest, read as int16 words: one 4-bit code per group of 4, code = i0 | i1 << 2 for
             the kept positions i0 < i1 of the group, at nibble slot s (bits 4*(s%4).. of word s//4)
@@ -87,7 +86,6 @@ def cslt_compress_ref(a: torch.Tensor) -> torch.Tensor:
 
 # _KEPT as one 64-bit constant, nibble s = the code (i0 | i1 << 2) of nonzero set s: a register shift
 # instead of a gathered table load, whose layout conversions were most of the kernels' barriers
-# (sm90 SASS: 41 -> 9 in the compressor, 83 -> 19 in the fused forward; bench/RESULTS.md at afb7342, 4n)
 _KEPT64 = tl.constexpr(sum((i0 | i1 << 2) << (4 * s) for s, (i0, i1) in enumerate(_KEPT)))
 
 
@@ -176,8 +174,7 @@ def _cslt_kernel(a_ptr, out_ptr, meta_ptr, K, TILES: tl.constexpr):
     tl.store(meta_ptr + slots, _to_words(code, TILES), mask=wok)
 
 
-# 8 tiles (64 x 256 per program), 8 warps: 0.294 ms at 16384 x 16384 bf16 on an H100, 0.95 of copy
-# (bench/RESULTS.md at afb7342, 4n; the other tilings of 2-8 tiles x 4-8 warps 0.299-0.313)
+# 8 tiles (64 x 256 per program), 8 warps: the fastest of 2-8 tiles x 4-8 warps (bench/cslt_mm.py)
 TILES = 8
 NUM_WARPS = 8
 

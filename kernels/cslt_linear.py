@@ -1,8 +1,8 @@
 """y = x w~^T + b on cuSPARSELt for a weight w~ [n, k] that is 2:4 along k (sm90).
 
 The weight is made row-major (kernels/transpose_triton.row_major: a transposed view such as a
-linear's backward w~.t() is copied at 0.89 of copy bandwidth) and compressed each call by the
-sm90 compressor (kernels/cslt_compress_triton.py, 0.94 of copy); x [T, k] is the dense operand.
+linear's backward w~.t() is copied) and compressed each call by the sm90 compressor
+(kernels/cslt_compress_triton.py); x [T, k] is the dense operand.
 Reference: F.linear(x, w~, b) (the same products; tests/gpu/test_linear_24_gpu.py).
 """
 

@@ -37,12 +37,10 @@ from sparse_compile.kernels.tune_cache import TuneStore
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Load the contiguous operand (c in gather_k, dY in gather_n) through TMA by default (sm90+,
-# aligned rows): on the H100 gather_k 1.25 -> 1.18 ms, gather_n 1.26 -> 1.23 ms at 4096x16384
-# 128:2:16, equal at 2048x8192 (bench/RESULTS.md at afb7342, 4k).
+# aligned rows): faster at large shapes, equal at small ones.
 TMA_DEFAULT = True
 # gather_n as persistent programs (one per SM, walking the tiles in one flattened loop, so the
-# next tile's loads are issued under this tile's last dots and its dZ epilogue): on the H100
-# 1.19 -> 0.98 ms at 4096x16384 and 0.32 -> 0.245 ms at 2048x8192, 128:2:16 (bench/RESULTS.md at afb7342, 4l).
+# next tile's loads are issued under this tile's last dots and its dZ epilogue).
 PERSISTENT_DEFAULT = True
 
 # Hopper/Ampere bf16/fp16 tiles: (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)
@@ -67,10 +65,8 @@ _TILES = [
 # sm90 TTGIR: async_wait counts and shared memory, 98/148/197 KB at 128x256x64). gather_n loads
 # its ids once, outside the loop, so its stages count as written.
 # Row tiles sharing a column tile (GROUP_M): each of the T/V blocks gathers its own Kc rows of b,
-# so more row tiles per column tile keep more of those rows in L2 (ncu at GROUP_M=8: L2 hit 52%,
-# DRAM 56% busy, 2.3 GB moved for a 0.5 GB problem). H100, 128:2:16, tuned tile, GROUP_M 8/16/32/64:
-# 1.03/0.98/0.96/0.97 ms at 4096x16384, 0.257/0.264/0.245/0.253 ms at 2048x8192 (RESULTS 4l).
-# gather_n (persistent) likewise: 0.97/0.87/0.87/0.91 ms and 0.247/0.251/0.250/0.253 ms.
+# so more row tiles per column tile keep more of those rows in L2 (at GROUP_M=8 most of the DRAM
+# traffic is rows of b read again); 32 was the fastest of 8-64 for gather_k and gather_n.
 _GROUP_M = 32
 # Chunk runs that cover the id tile copied as slabs through a TMA descriptor of the weight
 # (_run_operand); False: gathered rows, for a benchmark's baseline (bench.chunk_kernels).
@@ -152,8 +148,8 @@ def _persistent(t: torch.Tensor, persistent: bool | None) -> bool:
 
 def capability(index: int | None) -> tuple[int, int]:
     """(major, minor) compute capability of CUDA device ``index`` (None: the current one), asked
-    once per device: torch's query costs ~9 us of host time per call on the H100 machines, and
-    tma_for runs on every gather and weight-gradient launch."""
+    once per device: torch's query costs host time on every call, and tma_for runs on every
+    gather and weight-gradient launch."""
     return _capability(torch.cuda.current_device() if index is None else index)
 
 
@@ -184,7 +180,7 @@ def _grid(rows: int, cols: int, device: torch.device, persistent: bool):
 
 def _i32_rows(b: torch.Tensor) -> bool:
     """Whether every element offset of b fits in int32: then the gathered rows' addresses are
-    computed in 32 bits (H100: gather_k 1.13 -> 1.03 ms at 4096x16384, RESULTS 4l)."""
+    computed in 32 bits (64-bit address arithmetic stalls the gathered loads)."""
     return sum(n * abs(st) for n, st in zip(b.shape, b.stride(), strict=True)) < 2**31
 
 
@@ -279,7 +275,7 @@ def _gather_k_kernel(
 ):  # fmt: skip
     # Not persistent: in a flattened persistent loop (tl.range(..., flatten=True)) Triton 3.6 does
     # not pipeline the gathered rows (their addresses come from the ids load: plain synchronous
-    # loads in the sm90 TTGIR), which measured 3.3x slower (bench/RESULTS.md at afb7342, 4l).
+    # loads in the sm90 TTGIR), which is several times slower.
     _gather_k_tile(
         tl.program_id(0), c_ptr, a_desc, ids_ptr, b_ptr, b_desc, bias_ptr, out_ptr,
         T, N, KC, V, stride_c, stride_ids, stride_b, stride_out,

@@ -1,12 +1,11 @@
 """Triton launches with the per-call work done once per signature (host time, not GPU time).
 
-``kernel[grid](*args, **kwargs)`` costs 17-26 us of host time per launch on the H100 machines for a
-one-program kernel, and 60-120 us for the gather and weight-gradient kernels (30 arguments, an
-autotuner, TMA descriptors), against 8-10 us for the compiled kernel's own launcher
-(``python -m bench.op_host_time``'s launch rows and anatomy, bench/RESULTS.md section 2). Per call
-Triton binds and specializes every argument, builds the cache key, finds the autotuned config and
-merges keyword dicts; at 350M the sparse FFN's 10 Triton launches per site and step are a large
-part of why the step is host-bound.
+``kernel[grid](*args, **kwargs)`` costs several times the host time of the compiled kernel's own
+launcher, the more so for the gather and weight-gradient kernels (30 arguments, an autotuner, TMA
+descriptors; ``python -m bench.op_host_time`` times both). Per call Triton binds and specializes
+every argument, builds the cache key, finds the autotuned config and merges keyword dicts; for a
+small FFN the sparse op's Triton launches per site and step are a large part of why the step is
+host-bound.
 
 ``FastLaunch(kernel)[grid](*args, **kwargs)`` launches the same compiled kernel with the same
 arguments. The first call with a given signature goes through Triton (compiling, autotuning) and
@@ -40,8 +39,8 @@ _SCALARS = frozenset((int, bool, float, str, type(None)))
 
 def signature(args: tuple, kwargs: dict) -> tuple | None:
     """The launch's signature (see the module doc), or None when an argument has another type.
-    Flat, one marker per argument (its type, or a tensor's dtype) before its values: 4 us for 30
-    arguments on the CPU machine; per-argument tuples took 25 us per launch on the H100 machine."""
+    Flat, one marker per argument (its type, or a tensor's dtype) before its values: cheaper to
+    build and hash than per-argument tuples."""
     key = [len(args)]  # then the positional values, the keywords' names, their values
     add = key.append
     for v in (*args, *kwargs, *kwargs.values()):

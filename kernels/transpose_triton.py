@@ -1,6 +1,6 @@
 """A contiguous transposed copy, A [R, C] -> A^T [C, R], in Triton: the gather GEMMs and cuSPARSELt
-want W2^T [h, d] row-major every step, and `w2.t().contiguous()` ran at ~0.5 TB/s on an H100
-(0.50 ms for a 4096 x 16384 bf16 weight, bench/RESULTS.md at afb7342, 4n) where a copy runs at 3 TB/s.
+want W2^T [h, d] row-major every step, and `w2.t().contiguous()` runs at a fraction of copy
+bandwidth.
 
 One program moves a [BLOCK, BLOCK] tile: coalesced row loads of A, tl.trans in registers (through
 shared memory), coalesced row stores of A^T. Bytes: read and write R*C elements once each.

@@ -9,7 +9,7 @@ kernels/weight_grad_approx.py:token_vnm_grad, same semantics).
   4. the round(dense_frac * h) hidden units with the most non-zeros: exact rows a[:, rows]^T b.
 FLOPs 2*h*q*T*4/M instead of 2*h*q*T; bytes: a read three times and written twice (the row
 gather, the transpose, the selection's read) plus the compact operand, b gathered per tile like a
-dense B. (a^T[:, perm] in one indexing op was 4-5x slower: a strided gather of 2-byte elements.)
+dense B. (a^T[:, perm] in one indexing op is slower: a strided gather of 2-byte elements.)
 """
 
 import torch

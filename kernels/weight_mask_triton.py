@@ -64,8 +64,8 @@ def _transposable_24_kernel(
         tl.store(mask_ptr + m_at, keep, mask=ok)
 
 
-# pairs kernel (tiles per program, num_warps) by weight element size, from the H100 sweep of
-# bench/RESULTS.md at afb7342, 4k: 16-bit 0.146 ms at (64, 1) vs 0.278 at (128, 4); fp32 0.18 ms at either
+# pairs kernel (tiles per program, num_warps) by weight element size: the fastest of a sweep
+# (bench/weight_mask_kernel.py)
 _PAIRS_DEFAULTS = {2: (64, 1), 4: (128, 4)}
 
 
@@ -80,7 +80,7 @@ def sparsify_24_triton(
 
     ``method``: "pairs" (kernels/weight_mask_pairs_triton.py: row-pair sums, one tile per lane) or
     "dot" (all 90 scores as one float64 tl.dot per TILES tiles, the first version). ``tiles``,
-    ``num_warps``: None = the measured defaults; the answer is the same for every choice."""
+    ``num_warps``: None = the defaults (_PAIRS_DEFAULTS); the answer is the same for every choice."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in _DTYPES:
         raise ValueError(
             f"sparsify_24_triton: expected a 2-D weight of {_DTYPES}; got "

@@ -1,40 +1,27 @@
 """Which CUDA FFN sites are too small to pay (the ``small_ffn`` option): a size rule, not a timing.
 
 Each sparse site adds its Python, the custom op's dispatch and 12-15 kernel launches per training
-step: about 1.5 ms of host time on an H100 machine (bench/RESULTS.md section 2). Below the sizes
-here that cost more than the GPU time the site saves, so the step got slower than dense. Measured
-end to end on an H100 (T x d x h: 125M 16384 x 768 x 3072 = 3.9e10, 350M 16384 x 1024 x 4096 =
-2**36, 1.3B 2.7e11), dense torch.compile in the same run:
+step. Below a size that host work costs more than the GPU time the site saves, and the step gets
+slower than dense. The rule compares T x d x h (tokens per call x model dim x hidden; 125M's
+16384 x 768 x 3072 = 3.9e10, 350M's 16384 x 1024 x 4096 = 2**36) with a bound that depends on
+whether the graph runs as CUDA graphs, which remove the per-launch host work, and on whether the
+pattern has neuron chunks, which launch fewer kernels.
 
-  plain patterns (chunk 1), causal 128:4:16 at bc520ee: without CUDA graphs 350M 0.94x-0.97x,
-  125M 0.55x, 1.3B 1.16x; with CUDA graphs 350M 1.03x, 125M 0.995x.
-  neuron chunks (chunk > 1), causal 128:4:16 chunk 64: without CUDA graphs 350M 0.958x (bc520ee),
-  1.146x (349ef49), 0.895x and 1.074x (two processes at b6b169f): its GPU time is 0.88x of dense
-  (85.6 vs 96.8 ms) but the step is host-bound by 4-28 ms, so it is not reliably faster; 125M
-  0.530x, 1.3B 1.29x-1.30x; with CUDA graphs 350M 1.117x, 125M 1.049x (349ef49).
-
-With CUDA graphs the bounds are lower. ``small_ffn="graphs"`` (the default) turns them on by
-itself where they make a site pay: a site between the two bounds runs sparse, and both variants
-of its graph run as CUDA graphs (Inductor's cudagraph trees, as under mode="reduce-overhead"; one
-memory pool for the two phases: with the sparse variant alone under graphs, the dense phase at
-350M kept 10.9 GB more reserved). Measured with the default preset against a dense
-torch.compile step: 350M 1.127x-1.164x over six processes, 125M at 16 x 1024 tokens
-1.051x-1.060x (H100, bench/RESULTS.md section 2).
-It does not where the user turned CUDA graphs off, with permuted units (their permutation starts
-as the identity and is probed on the host, which a replayed graph does not see), or in a run of
-several processes (DDP and FSDP2 under CUDA graphs are not measured), or in a graph traced with
-dynamic shapes (cudagraph trees record one graph per size; not measured): there the bounds without
-graphs apply and the report says why. Nor where Inductor declines to run the sparse variant's
-forward under CUDA graphs (mutated inputs, CPU tensors; sparse_compile/backend.py checks its
-cudagraph_skips counter when it compiles): the backend then decides again without them, as it
-does where the compile mode asked for the graphs (small_ffn "graphs" or "dense").
+``small_ffn="graphs"`` (the default) turns CUDA graphs on by itself where they make a site pay: a
+site between the two bounds runs sparse, and both variants of its graph run as CUDA graphs
+(Inductor's cudagraph trees, as under mode="reduce-overhead"; both variants, so that the two
+phases share one memory pool). It does not where the user turned CUDA graphs off, with permuted
+units or routes (their state lives on the host, which a replayed graph does not see), in a run of
+several processes, or in a graph traced with dynamic shapes (cudagraph trees record one graph per
+size): there the bounds without graphs apply and the report says why. Nor where Inductor declines
+to run the sparse variant's forward under CUDA graphs (mutated inputs, CPU tensors;
+sparse_compile/backend.py checks its cudagraph_skips counter when it compiles): the backend then
+decides again without them, as it does where the compile mode asked for the graphs.
 
 A symbolic dim counts at the size the graph is compiled for (Dynamo's hint), so a small FFN
-traced with dynamic shapes is as small as a static one.
-
-The rule depends only on the shapes, the pattern's chunking, the options, whether the run has
-several processes and what Inductor makes of the graph, so the same compile always decides the
-same way.
+traced with dynamic shapes is as small as a static one. The rule depends only on the shapes, the
+pattern's chunking, the options, whether the run has several processes and what Inductor makes of
+the graph, so the same compile always decides the same way.
 """
 
 # torch.compile modes that run the compiled graphs as CUDA graphs (no per-kernel host work)
@@ -90,8 +77,7 @@ def graphs_pay(work: float, device: str, chunked: bool) -> bool:
 
 def small_ffn_bound(cuda_graphs: bool, chunked: bool) -> int:
     """T x d x h under which a CUDA site stays dense: 2**37 / 2**36 (without / with CUDA graphs) for
-    plain patterns, 2**37 / 2**35 with neuron chunks (their fewer launches measured to pay at 125M
-    with graphs; without graphs 350M's 2**36 measured 0.90x-1.15x of dense over four runs)."""
+    plain patterns, 2**37 / 2**35 with neuron chunks (fewer launches per site)."""
     return SMALL_FFN[chunked][cuda_graphs]
 
 

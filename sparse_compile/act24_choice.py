@@ -2,8 +2,7 @@
 
 With 2:4 activations the two GEMMs that reduce over h can take the activation as cuSPARSELt's sparse
 operand: F2 = H~ W2^T and B3 = dZ~ W1, both [T, h] 2:4 along h times a dense [h, d]
-(kernels/ffn_act24.py). Measured in DESIGN.md section 5 on an H100: 0.96-1.07x of cuBLAS at
-(T, d, h) = (16384, 2048, 8192), 1.26x at (16384, 4096, 16384), 0.57x at (32768, 1024, 4096). So at
+(kernels/ffn_act24.py). Whether that beats cuBLAS depends on the GPU and the shape, so at
 compile time, once per (GPU, dtype, T, d, h) in a process, every algorithm id cuSPARSELt offers is
 run on a real 2:4 activation of the site's shape (kernels/act24_cslt_triton.py), checked against the
 dense product (some ids are wrong), and the fastest timed against cuBLAS on the dense masked

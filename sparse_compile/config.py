@@ -71,10 +71,8 @@ class SparsityConfig:
     activations: None, "2:4" (along the hidden dim) or "V:N:M" (e.g. "64:2:8").
     weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact; or "tokens:V:N:M": their operand (H~, dZ)
         made V:N:M-sparse along tokens (kernels/weight_grad_approx.py), an approximation; on the
-        gather kernels when V % 16 == 0. Measured on an H100 it is slower than exact, and on the
-        125M model's real activations its gradients point 0.91-0.96 (dW1) and 0.79-0.88 (dW2) the
-        way of the exact ones, with 35-60% relative error (bench/RESULTS.md at afb7342, 4e, 4l): for
-        experiments, not for speed.
+        gather kernels when V % 16 == 0. It is slower than the exact product and its gradients
+        deviate from the exact ones: for experiments, not for speed.
     weight_grad_dense_frac: with "tokens:...", the fraction of hidden units (the densest) kept exact.
     chunk: hidden units per kept column of a V:N:M pattern ("neuron chunks", kernels/activation_mask.py):
         each block of V tokens keeps 4 of every M chunks of ``chunk`` adjacent units. 1 (default) is
@@ -92,9 +90,7 @@ class SparsityConfig:
         N = 4), the forward computes Z = X W1^T + b1 in full only on those rows (and each
         sequence's first token) and on the kept chunks of every row (the gather GEMM;
         kernels/chunk_score.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
-        of 128, keep 1/4); the choice sees fewer tokens. At 16 against all 128 rows: 1.483x against
-        1.371x a dense 1.3B step (H100), 1.555x against 1.419x at 2.7B (H200), and the main job
-        +0.61% +- 0.13% against +0.43% +- 0.20% from dense (bench/RESULTS.md sections 1 and 2).
+        of 128, keep 1/4); the choice sees fewer tokens.
     permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
         backend per site (identity at first; sparse_compile.recluster() refits it from the
         activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
@@ -110,26 +106,18 @@ class SparsityConfig:
         time, else the reference; sparse_compile/dispatch.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
-    small_ffn: CUDA sites too small to pay, by a size rule (T x d x h under 2**37 without CUDA
-        graphs, under 2**36 with them; with neuron chunks 2**37 and 2**35;
-        sparse_compile/passes/size_rule.py). "graphs" (default): a site that pays only with CUDA
-        graphs runs sparse, and its graph runs as CUDA graphs in both phases (torch's cudagraph
-        trees; not where the options turn CUDA graphs off, with permute, in a run of several
-        processes, with dynamic shapes, or where Inductor declines to run the sparse graph under
-        them); smaller sites
-        stay dense, and the report says so per site. "dense": they stay
-        dense and nothing turns CUDA graphs on. "sparse": they run sparse anyway, without CUDA
-        graphs unless the compile mode has them (slower than dense when measured: bench/RESULTS.md
-        section 2).
+    small_ffn: CUDA sites too small to pay, by a size rule on T x d x h (sparse_compile/passes/
+        size_rule.py). "graphs" (default): a site that pays only with CUDA graphs runs sparse and its
+        graph runs as CUDA graphs in both phases, where that is possible (size_rule.py says where
+        not); smaller sites stay dense, and the report says so per site. "dense": they stay dense
+        and nothing turns CUDA graphs on. "sparse": they run sparse anyway.
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
     weight_copies: under autocast, float32 weights reach the sparse op as compute-dtype copies.
         "keep" (the field's default, as dense autocast does): forward's copies stay alive until
         backward; the "chunked" preset (backend="sparse"'s default) has "recompute".
         "recompute": the op gets the float32 weights and casts them itself, forward and again in
-        backward, so no copy stays alive between them: 2 bytes per FFN weight less peak memory
-        (1.3B, H100: 27.1% below dense instead of 23.8%) for one more cast of W1 and W2 per
-        backward (1.3B: 1.356x a dense step against 1.360x; 2.7B, H200: 1.402x against 1.412x;
-        same runs, bench/RESULTS.md section 2). Needs weights=None: 2:4 weights are masked copies.
+        backward, so no copy stays alive between them: 2 bytes per FFN weight less peak memory for
+        one more cast of W1 and W2 per backward. Needs weights=None: 2:4 weights are masked copies.
     """
 
     weights: str | None = None
@@ -263,22 +251,16 @@ class SparsityConfig:
 
 
 PRESETS: dict[str, SparsityConfig] = {
-    # The default, chosen by measurement (bench/RESULTS.md sections 2 and 6): each 128-token block
-    # keeps 4 of every 16 chunks of 128 hidden units (1/4 of H), chosen from the norms of the previous
-    # block's last 16 tokens; a site whose hidden size is not a multiple of 2048 takes the largest
-    # chunk of 64, 32 or 16 that fits (passes/legality.fit_chunk). 1.555x a dense step at 2.7B (H200;
-    # 1.419x scored on all 128 rows), 1.475x at 1.3B (H100); with 65% of the run dense at the end
-    # (PhaseSchedule.from_fractions' default), the 126M main job ends +0.61% +- 0.13% from dense over
-    # 5 paired seeds (+0.43% +- 0.20% scored on all 128 rows).
+    # The default: each 128-token block keeps 4 of every 16 chunks of 128 hidden units (1/4 of H),
+    # chosen from the norms of the previous block's last 16 tokens; a site whose hidden size is not a
+    # multiple of 2048 takes the largest chunk of 64, 32 or 16 that fits (passes/legality.fit_chunk).
     # Under autocast the op casts the float32 weights itself, forward and backward (weight_copies
-    # "recompute"): at 1.3B peak memory 27.1% below dense instead of 23.8%, 1.475x against 1.483x
-    # with "keep" (two runs; 1.356x against 1.360x in one run, scored on all rows).
+    # "recompute"). Its schedule: PhaseSchedule.from_fractions' default.
     "chunked": SparsityConfig(activations="128:4:16", chunk=128, causal=True, score_rows=16, weight_copies="recompute"),
-    # keeps 4 of every 8 chunks of 64 units (1/2 of H): the former default, 1.109x at 1.3B; +0.45% +- 0.12%
-    # on the main job with 50% dense at the end (5 seeds)
     # routed tokens: each token keeps 4 of every 16 chunks of 128 units (1/4 of H), one of 8 groups
     # chosen from its own input (kernels/routing.py)
     "routed": SparsityConfig(activations="128:4:16", chunk=128, routes=8, weight_copies="recompute"),
+    # keeps 4 of every 8 chunks of 64 units (1/2 of H), chosen from all 128 rows of the previous block
     "chunked-half": SparsityConfig(activations="128:4:8", chunk=64, causal=True),
     "activation24": SparsityConfig(activations="2:4"),
     "weight24": SparsityConfig(weights="2:4"),

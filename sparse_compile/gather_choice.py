@@ -5,10 +5,10 @@ Each of the three GEMMs has two correct implementations (kernels/ffn_gather.py):
   B1  gather-N with the dZ epilogue   vs  cuBLAS dH = dY W2, then pick the kept entries, * 2 relu(Z)
   B3  gather-K on the compact dZ      vs  cuBLAS on the scattered dZ (scattered anyway for the exact dW1)
 The gather kernels do M/4 times fewer FLOPs, but at small shapes a Triton launch and its
-under-filled tiles can cost more than cuBLAS's dense GEMM (bench/RESULTS.md: a 125M-sized FFN ran
-at 0.26x of dense). So at compile time, once per (GPU, dtype, T, d, h, V:N:M) in a process, both
-are run on random data of the site's shape, compared with each other, and timed back to back; the
-faster correct one wins, per GEMM, and the report says which and by how much.
+under-filled tiles can cost more than cuBLAS's dense GEMM. So at compile time, once per (GPU,
+dtype, T, d, h, V:N:M) in a process, both are run on random data of the site's shape, compared with
+each other, and timed back to back; the faster correct one wins, per GEMM, and the report says which
+and by how much.
 """
 
 import functools

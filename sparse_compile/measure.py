@@ -8,8 +8,8 @@ import torch
 def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
     """Mean time of ``reps`` back-to-back calls (CUDA events around all of them, after 3 warm-up
     calls): the GPU queue stays full, as in a training step, so host-side setup per call overlaps
-    the previous call's work instead of being added to it (cuSPARSELt's ~0.4 ms per call would
-    otherwise count in full: bench/RESULTS.md at afb7342, 4j)."""
+    the previous call's work instead of being added to it (cuSPARSELt's per-call host setup would
+    otherwise count in full)."""
     for _ in range(3):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -22,17 +22,15 @@ def back_to_back_ms(fn: Callable[[], object], reps: int = 25) -> float:
 
 
 def interleaved_ratio(baseline: Callable[[], object], candidate: Callable[[], object], rounds: int = 2) -> float:
-    """baseline time / candidate time, each the best of ``rounds`` back_to_back_ms, interleaved:
-    one round alone once measured a Triton kernel 0.70x of cuBLAS right after its autotuning where
-    the same kernel and shape measured 2.39x (bench/RESULTS.md at afb7342, 4l)."""
+    """baseline time / candidate time, each the best of ``rounds`` back_to_back_ms, interleaved: a
+    single round right after a Triton kernel's autotuning can misread it by a large factor."""
     times = [(back_to_back_ms(baseline), back_to_back_ms(candidate)) for _ in range(rounds)]
     return min(b for b, _ in times) / min(c for _, c in times)
 
 
 def one_call_ms(fn: Callable[[], object]) -> float:
     """Time of one call after one warm-up call, synchronized: screens out a pathologically slow
-    cuSPARSELt algorithm before back_to_back_ms queues 28 calls of it (one in fp16 at (T, d, h) =
-    (4096, 1024, 2048) on an H100 ran the 28 for over 45 s)."""
+    cuSPARSELt algorithm before back_to_back_ms queues 28 calls of it."""
     fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PHASES = ("sparse", "dense")
-# The default pattern's measured recipe: dense for the first 10% and the last 65% of the steps
-# (PhaseSchedule.from_fractions says what it measured; bench/RESULTS.md section 6)
+# The default pattern's recipe: dense for the first 10% and the last 65% of the steps
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.65
 _current = "sparse"
@@ -77,8 +76,8 @@ class PhaseSchedule:
         dense_every: int = 0,
     ) -> "PhaseSchedule":
         """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
-        (and every ``dense_every``-th step between). The defaults (10% / 65%) are the measured recipe of the
-        default pattern; its measurements are in bench/RESULTS.md section 6."""
+        (and every ``dense_every``-th step between). The defaults (10% / 65%) are the default pattern's
+        recipe, the schedule its quality was measured with."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")

@@ -438,8 +438,8 @@ def test_small_cuda_sites_stay_dense_by_the_size_rule(monkeypatch):
     assert "6.9e+10" in size_rule.small_site_reason(2**36 - 1, "cuda", True)
     assert "1.4e+11" in size_rule.small_site_reason(2**36, "cuda", False)
     assert size_rule.small_site_reason(2**36, "cuda", True) is None
-    # neuron chunks: the same bound without graphs (350M's 2**36 host-bound, 0.90x-1.15x), one lower with
-    # them (125M's 3.9e10 sparse)
+    # neuron chunks: the same bound without graphs (350M's 2**36 dense), one lower with them (125M's
+    # 3.9e10 sparse)
     assert size_rule.small_site_reason(2**37, "cuda", False, chunked=True) is None
     assert "1.4e+11 without CUDA graphs (neuron chunks)" in size_rule.small_site_reason(2**36, "cuda", False, True)
     assert size_rule.small_site_reason(3.9e10, "cuda", True, chunked=True) is None

@@ -210,3 +210,26 @@ def test_readme_is_a_reference_with_the_ci_test_command():
     assert 'pip install -e ".[test]"' in commands and "python -m bench.train" in commands
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert [c for c in commands if "pytest" in c] == [c for c in ci if "pytest" in c and not c.startswith("#")]
+
+
+# a git revision: 7-40 hex digits with at least one letter and one digit (so plain numbers do not count)
+REVISION = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def test_no_revision_hashes_in_code_or_readme():
+    """Revisions belong to RESULTS (the one each figure was measured at) and to git, not to the
+    code's comments and docstrings or the README."""
+    skip = (".", "build", "runs")  # hidden folders (.git, .venv), build outputs, bench runs
+    files = [
+        p
+        for p in ROOT.rglob("*.py")
+        if not any(part.startswith(skip) or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts[:-1])
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {m.group(0)}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if (m := REVISION.search(line))
+    ]
+    assert not found
+    assert not REVISION.search(README)

@@ -11,14 +11,13 @@ pip install --target /tmp/t36 --no-deps triton==3.6.0; PYTHONPATH=/tmp/t36 pytho
 Each kernel is compiled twice: as written (any argument values), and with every pointer and int
 argument marked divisible by 16, which is how Triton specializes a launch on our usual shapes and
 strides. The second compile's PTX shows the real memory instructions; the kernels in VECTORIZED
-must not load or store 16-bit elements one at a time (ld/st.global.b16): scalar accesses cost
-2.5-4.5x in two kernels before (bench/RESULTS.md at afb7342, 4i), and nothing else catches them on a CPU.
+must not load or store 16-bit elements one at a time (ld/st.global.b16): scalar accesses make a
+memory-bound kernel several times slower, and nothing else catches them on a CPU.
 
 Where Triton ships cuobjdump, each line also gives the sm90 SASS: registers per thread, instructions
 and barriers (for a kernel without loops the instruction count is what every thread executes), at
 Triton's default 4 warps, not each kernel's launch setting (the fused 2:4 kernels run at 8 warps; at
-4 they spill). Both large kernel wins of bench/RESULTS.md at afb7342, 4n were found from such counts before any
-GPU time.
+4 they spill). Such counts can find a kernel's slow spots before any GPU time.
 """
 
 import multiprocessing
