@@ -361,8 +361,7 @@ class Health:
         zeros = sum((h == 0).sum().item() for h in hs) / sum(h.numel() for h in hs)
         kept = static = oracle = math.nan
         if self.routed:
-            pairs = [routes.kept_and_total(f"blocks.{i}.mlp", xi, h.reshape(-1, h.shape[-1])) for i, (xi, h) in
-                     enumerate(zip(xs, hs, strict=True))]  # fmt: skip
+            pairs = [routes.kept_and_total(f"blocks.{i}.mlp", h.reshape(-1, h.shape[-1])) for i, h in enumerate(hs)]
             if all(p is not None for p in pairs):
                 kept = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
             fits = routes.fitted_kept()

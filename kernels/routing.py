@@ -3,8 +3,8 @@
 A routed V:4:M pattern in chunks of c units has G groups. Group g is a fixed set of chunks: in every
 run of M chunks (M c units) the same 4 (``groups`` [G, F/(M c), 4], chunk ids inside each run,
 ascending), so it keeps 1/(M/4) of H's columns. A router scores each token from its own row x_t:
-route(t) = argmax_g (x_t R^T + r)_g (float32; ties to the lower group), and the token keeps the
-units of its group:
+route(t) = argmax_g sum_j relu(x_t W1[rep[g, j]] + b1[rep[g, j]])^2 over r representative units of
+each group (``rep`` [G, r]; ties to the lower group), and the token keeps the units of its group:
 
     H~[t, u] = H[t, u] if u is in group route(t), else 0;  H = relu(X W1^T + b1)^2.
 
@@ -33,11 +33,13 @@ def group_columns(groups: torch.Tensor, m: int, c: int) -> torch.Tensor:
     return ids.reshape(g, runs * 4 * c).to(torch.int32)
 
 
-def route_tokens(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: each row of x [T, d]'s group, argmax of x R^T + r (R [G, d], r [G]): the product in
-    x's dtype (one read of x, no float32 copy), the bias added and the argmax taken in float32."""
-    scores = torch.mm(x, router_w.to(x.dtype).t()).float() + router_b.float()
-    return scores.argmax(dim=1)
+def route_tokens(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, rep: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: each row of x [T, d]'s group, from its own activations on the groups' representative
+    units rep [G, r] (unit ids of w1 [h, d]): argmax_g sum_j relu(x w1[rep[g, j]] + b1[rep[g, j]])^2,
+    the product in x's dtype (F1 on G r of the h units), the sums and the argmax in float32."""
+    flat = rep.reshape(-1)
+    z = torch.nn.functional.linear(x, w1.index_select(0, flat), None if b1 is None else b1.index_select(0, flat))
+    return torch.relu(z).float().square().reshape(x.shape[0], *rep.shape).sum(dim=2).argmax(dim=1)
 
 
 def routed_blocks(tokens: int, n_groups: int, v: int) -> int:

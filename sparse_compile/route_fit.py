@@ -7,10 +7,11 @@ their own order):
 2. groups: Lloyd iterations on the tokens' chunk masses U [S, F/(M c), M]: each token goes to the
    group that keeps most of its mass, each group takes the 4 chunks of largest summed mass of its
    tokens in every run. This maximizes the kept mass under an oracle router;
-3. router: a ridge regression from [x, 1] to the fraction of the token's mass each group keeps,
-   route = argmax of the prediction; then the groups are refitted on the tokens as the router
-   routes them, and the router on the new groups (``rounds`` times), so the groups follow what
-   the router can see.
+3. router: each group's r representative units (kernels/routing.route_tokens): among its kept
+   units, those with the most mass x share of their mass on the group's tokens; a token goes to
+   the group whose representatives it activates most. Then the groups are refitted on the tokens
+   as the router routes them, and the representatives on the new groups (``rounds`` times), so
+   the groups follow what the router sees.
 Everything is deterministic given the sample (ties to the lower index).
 """
 
@@ -19,14 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from sparse_compile.clustering import cluster_units
+from sparse_compile.kernels.routing import group_columns
 
 
 @dataclass(frozen=True)
 class RouteFit:
     perm: torch.Tensor  # int64 [F]: unit at each position
     groups: torch.Tensor  # int64 [G, F/(M c), 4]: kept chunk ids of each group in every run, ascending
-    router_w: torch.Tensor  # float32 [G, d]
-    router_b: torch.Tensor  # float32 [G]
+    rep: torch.Tensor  # int64 [G, r]: each group's representative units (their own ids)
     oracle_kept: float  # sample mass kept when every token takes its best group
     routed_kept: float  # sample mass kept as the router routes
 
@@ -87,23 +88,23 @@ def _lloyd(u: torch.Tensor, n_groups: int, iters: int) -> torch.Tensor:
     return groups
 
 
-def fit_router(x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, ridge: float = 1e-3):
-    """(R [G, d], r [G]) minimizing sum_s weight_s |[x_s, 1] [R, r]^T - target_s|^2 + ridge |R|^2 (ridge
-    scaled by the mean diagonal of x^T x), in float64."""
-    xd = torch.cat([x.double(), torch.ones(x.shape[0], 1, dtype=torch.float64, device=x.device)], dim=1)
-    wx = xd * weight.double()[:, None]
-    gram = xd.t() @ wx
-    d = x.shape[1]
-    reg = ridge * gram.diagonal()[:d].mean().clamp_min(1e-30)
-    gram[:d, :d] += reg * torch.eye(d, dtype=torch.float64, device=x.device)
-    sol = torch.linalg.solve(gram, wx.t() @ target.double())  # [d + 1, G]
-    return sol[:d].t().float().contiguous(), sol[d].float().contiguous()
+def representatives(hp: torch.Tensor, assign: torch.Tensor, cols: torch.Tensor, r: int) -> torch.Tensor:
+    """[G, r] positions (op order) of each group's representatives: among its columns ``cols`` [G, Kc],
+    the r with the largest mass on its tokens x the share of their mass that is on its tokens, from
+    hp [S, F] (units in op order) and the tokens' groups ``assign`` [S]."""
+    n_groups = cols.shape[0]
+    mass = torch.zeros(n_groups, hp.shape[1], device=hp.device).index_add_(0, assign, hp)  # [G, F]
+    share = mass / mass.sum(dim=0, keepdim=True).clamp_min(1e-30)
+    score = (mass * share).gather(1, cols.long())  # [G, Kc]
+    top = score.topk(min(r, cols.shape[1]), dim=1).indices
+    return cols.long().gather(1, top)
 
 
 def fit_routes(
-    x: torch.Tensor, h: torch.Tensor, n_groups: int, m: int, c: int, rounds: int = 3, iters: int = 20
+    x: torch.Tensor, h: torch.Tensor, n_groups: int, m: int, c: int, rounds: int = 3, iters: int = 20, r: int = 16
 ) -> RouteFit:
-    """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]."""
+    """The routed site's permutation, groups and router from a sample x [S, d], h [S, F] (x is
+    checked for shape; the router reads the sample's activations, as route_tokens does)."""
     s, f = h.shape
     if x.shape[0] != s or f % (m * c) or n_groups < 2:
         raise ValueError(
@@ -112,24 +113,23 @@ def fit_routes(
         )
     hf = h.float()
     perm = cluster_units(hf.t().contiguous(), m, c)
-    u = hf[:, perm].reshape(s, f // (m * c), m, c).sum(dim=3)
+    hp = hf[:, perm]
+    u = hp.reshape(s, f // (m * c), m, c).sum(dim=3)
     total = u.sum(dim=(1, 2))
-    weight = total / total.mean().clamp_min(1e-30)
     groups = _lloyd(u, n_groups, iters)
-    for _ in range(rounds):
-        kept = kept_by_group(u, groups)
-        router_w, router_b = fit_router(x, kept / total.clamp_min(1e-30)[:, None], weight)
-        route = torch.addmm(router_b, x.float(), router_w.t()).argmax(dim=1)
-        groups = _top_chunks(u, route, groups)
+    assign = kept_by_group(u, groups).argmax(dim=1)
+    for step in range(rounds + 1):
+        cols = group_columns(groups, m, c)
+        rep = representatives(hp, assign, cols, r)  # op order
+        assign = hp.gather(1, rep.reshape(1, -1).expand(s, -1)).reshape(s, *rep.shape).sum(dim=2).argmax(dim=1)
+        if step < rounds:
+            groups = _top_chunks(u, assign, groups)
     kept = kept_by_group(u, groups)
-    router_w, router_b = fit_router(x, kept / total.clamp_min(1e-30)[:, None], weight)
-    route = torch.addmm(router_b, x.float(), router_w.t()).argmax(dim=1)
     mass = total.sum().clamp_min(1e-30)
     return RouteFit(
         perm=perm,
         groups=groups,
-        router_w=router_w,
-        router_b=router_b,
+        rep=perm[rep],
         oracle_kept=float(kept.max(dim=1).values.sum() / mass),
-        routed_kept=float(kept.gather(1, route[:, None]).sum() / mass),
+        routed_kept=float(kept.gather(1, assign[:, None]).sum() / mass),
     )

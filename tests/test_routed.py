@@ -60,10 +60,14 @@ def test_routed_mask_and_columns_follow_the_definition(m, c, runs):
     assert torch.equal(cols[0, : 4 * c].long(), torch.cat([groups[0, 0, j] * c + torch.arange(c) for j in range(4)]))
 
 
-def test_router_argmax_ties_go_to_the_lower_group():
-    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
-    w = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
-    assert route_tokens(x, w, torch.zeros(3)).tolist() == [0, 2, 0]
+def test_router_reads_representatives_and_ties_go_to_the_lower_group():
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [2.0, -1.0]])
+    w1 = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0], [-1.0, 0.0], [0.0, 0.5]])
+    rep = torch.tensor([[0, 3], [1, 3], [2, 4]])  # group 2: relu(2 x1)^2 + relu(x1 / 2)^2
+    want = [[(max(0.0, float(xt @ w1[u]))) ** 2 for u in range(5)] for xt in x]
+    scores = [[want[t][a] + want[t][b] for a, b in rep.tolist()] for t in range(4)]
+    assert route_tokens(x, w1, None, rep).tolist() == [max(range(3), key=lambda g: (s[g], -g)) for s in scores]
+    assert route_tokens(x, w1, None, rep).tolist() == [0, 2, 0, 0]
 
 
 class FFN(nn.Module):
@@ -93,7 +97,7 @@ def _oracle(net, x, site="mlp"):
     s = routes._sites[site]
     w1, b1, w2, b2 = net.mlp.up.weight, net.mlp.up.bias, net.mlp.down.weight, net.mlp.down.bias
     x2 = x.reshape(-1, x.shape[-1])
-    route = route_tokens(x2, s.router_w, s.router_b)
+    route = route_tokens(x2, w1, b1, s.rep)
     perm = s.perm if s.perm is not None else torch.arange(w1.shape[0])
     keep = torch.zeros_like(_mask_loop(route, s.groups, 16, 4, w1.shape[0]))
     keep[:, perm] = _mask_loop(route, s.groups, 16, 4, w1.shape[0])  # op position i is unit perm[i]

@@ -41,8 +41,8 @@ def sqrelu_ffn_routed(
     s, (v, _, _), chunk, gather = _site(spec)
     routes.record(s, x2, w1, b1)
     routes.prepare(s, w1, b1)
+    route = routes.route(s, x2, w1, b1)
     w1, b1, w2 = units.permute(w1, b1, w2, s.perm)
-    route = routes.route(s, x2)
     if gather:
         from sparse_compile.kernels.ffn_routed import sqrelu_ffn_forward_routed  # Triton: imported when used
 

@@ -2,8 +2,8 @@
 
 Kept per site module path, outside the model (the dense function, the parameters and the state dict
 are unchanged), as ops/units.py keeps permutations. Before its first fit a site runs the identity
-permutation, initial groups (route_fit.initial_groups) and a router made from its weights: R_g =
-the mean of W1's rows of group g's units, r_g = the mean of their biases. Inside
+permutation, initial groups (route_fit.initial_groups) and each group's first 16 units as its
+representatives (the router reads a token's activations on them: kernels/routing.route_tokens). Inside
 ``sparse_compile.probe_units()`` every routed site's forward also records a sample of its rows
 (x and H = relu(X W1^T + b1)^2, units in their own order; one extra F1 GEMM on the sample);
 ``sparse_compile.recluster()`` refits each recorded site (sparse_compile.route_fit) and clears the
@@ -22,7 +22,8 @@ from sparse_compile.ops import units
 from sparse_compile.route_fit import fit_routes, initial_groups
 
 SAMPLE_ROWS_PER_CALL = 1024  # rows of x and H a probed call records (every T/1024-th row)
-SAMPLE_ROWS = 16384  # rows a site keeps for its fit (the latest)
+SAMPLE_ROWS = 4096  # rows a site keeps for its fit (the latest)
+REP_UNITS = 16  # representative units per group before the first fit
 
 
 @dataclass
@@ -32,8 +33,7 @@ class RouteSite:
     chunk: int
     perm: torch.Tensor | None = None  # int64 [h]; None: identity
     groups: torch.Tensor | None = None  # int64 [G, h/(M c), 4]
-    router_w: torch.Tensor | None = None  # float32 [G, d]; None: from the weights at the first call
-    router_b: torch.Tensor | None = None  # float32 [G]
+    rep: torch.Tensor | None = None  # int64 [G, r]: representative units (own ids); None: set at the first call
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
     xs: list[torch.Tensor] = field(default_factory=list)
@@ -64,23 +64,20 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
     if s.groups is None or s.groups.shape[1] != runs:
         s.groups = initial_groups(s.n_groups, runs, m, dev)
         s.cols = None
-    for name in ("perm", "groups", "router_w", "router_b", "cols"):
+    for name in ("perm", "groups", "rep", "cols"):
         moved = _to(getattr(s, name), dev)
         if moved is not None:
             setattr(s, name, moved)
     if s.cols is None:
         s.cols = group_columns(s.groups, m, s.chunk)
-    if s.router_w is None:
-        w1p, b1p, _ = units.permute(w1, b1, w1[:1].t(), s.perm)  # W1 rows in the op's order
-        member = torch.zeros(s.n_groups, h, device=dev).scatter_(1, s.cols.long(), 1.0)
-        member /= member.sum(dim=1, keepdim=True)
-        s.router_w = member @ w1p.detach().float()
-        s.router_b = member @ b1p.detach().float() if b1p is not None else torch.zeros(s.n_groups, device=dev)
+    if s.rep is None:
+        first = s.cols[:, :REP_UNITS].long()  # op order
+        s.rep = first if s.perm is None else s.perm[first]
 
 
-def route(s: RouteSite, x2: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: the group of each row of x2 [T, d]."""
-    return route_tokens(x2, s.router_w, s.router_b)
+def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
+    """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order."""
+    return route_tokens(x2, w1, b1, s.rep)
 
 
 def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
@@ -119,7 +116,7 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
         s = _sites[name]
         _, _, m = s.pattern
         fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk)
-        tensors = {"perm": fit.perm, "groups": fit.groups, "router_w": fit.router_w, "router_b": fit.router_b}
+        tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if distributed:  # every rank runs the first rank's fit
             for t in tensors.values():
                 torch.distributed.broadcast(t, src=first, group=group)
@@ -133,14 +130,14 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
     return done
 
 
-STATE_KEYS = ("perm", "groups", "router_w", "router_b")
+STATE_KEYS = ("perm", "groups", "rep")
 
 
 def route_state() -> dict[str, dict[str, torch.Tensor | int]]:
     """Site module path -> its fitted state (CPU tensors and n_groups), for a checkpoint."""
     out = {}
     for name, s in _sites.items():
-        if s.router_w is None:
+        if s.rep is None:
             continue
         state = {k: getattr(s, k).detach().cpu().clone() for k in STATE_KEYS if getattr(s, k) is not None}
         out[name] = {**state, "n_groups": s.n_groups}
@@ -151,19 +148,18 @@ def load_route_state(state: dict[str, dict[str, torch.Tensor | int]]) -> None:
     """Set routed sites' state from route_state() (sites not yet compiled too)."""
     for name, saved in state.items():
         n_groups = int(saved["n_groups"])
-        router_w = torch.as_tensor(saved["router_w"], dtype=torch.float32)
+        rep = torch.as_tensor(saved["rep"], dtype=torch.long)
         groups = torch.as_tensor(saved["groups"], dtype=torch.long)
-        if router_w.dim() != 2 or router_w.shape[0] != n_groups or groups.dim() != 3 or groups.shape[0] != n_groups:
+        if rep.dim() != 2 or rep.shape[0] != n_groups or groups.dim() != 3 or groups.shape[0] != n_groups:
             raise ValueError(
-                f"load_route_state: {name!r}: router_w {tuple(router_w.shape)} and groups {tuple(groups.shape)} "
+                f"load_route_state: {name!r}: rep {tuple(rep.shape)} and groups {tuple(groups.shape)} "
                 f"do not match n_groups={n_groups}"
             )
         s = _sites.get(name)
         if s is None or s.n_groups != n_groups:
             s = _sites[name] = RouteSite(n_groups, (0, 0, 0), 1)  # pattern filled in by the op's first call
         s.perm = None if saved.get("perm") is None else torch.as_tensor(saved["perm"], dtype=torch.long).clone()
-        s.groups, s.router_w = groups.clone(), router_w.clone()
-        s.router_b = torch.as_tensor(saved["router_b"], dtype=torch.float32).clone()
+        s.groups, s.rep = groups.clone(), rep.clone()
         s.cols = None  # rebuilt from groups at the op's next call
 
 
@@ -177,13 +173,15 @@ def fitted_kept() -> dict[str, dict[str, float]]:
     return {name: dict(s.fitted) for name, s in _sites.items() if s.fitted}
 
 
-def kept_and_total(name: str, x2: torch.Tensor, h: torch.Tensor) -> tuple[float, float] | None:
-    """(sum of H that site ``name``'s routing keeps, sum of H) for rows x2 [T, d] and their
-    H [T, F] (units in their own order); None for a site never run."""
+def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
+    """(sum of H that site ``name``'s routing keeps, sum of H) for rows of H [T, F] (units in their
+    own order; the router reads the token's H on its representatives); None for a site never run."""
     s = _sites.get(name)
-    if s is None or s.router_w is None or s.cols is None:
+    if s is None or s.rep is None or s.cols is None:
         return None
     with torch.no_grad():
+        rep = s.rep.to(h.device)
+        routed = h.float().index_select(1, rep.reshape(-1)).reshape(h.shape[0], *rep.shape).sum(dim=2).argmax(dim=1)
         hf = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
-        keep = routed_mask(route(s, x2), s.cols.to(h.device), h.shape[1])
+        keep = routed_mask(routed, s.cols.to(h.device), h.shape[1])
         return float((hf * keep).sum()), float(hf.sum())
