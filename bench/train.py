@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--final-dense-frac",
         type=_fraction,
         default=FINAL_DENSE_FRAC,
-        help="dense recovery: last fraction of steps (its quality measured: bench/RESULTS.md section 6)",
+        help="dense recovery: last fraction of steps (its measured quality: bench/RESULTS.md)",
     )
     p.add_argument(
         "--sparsity",
