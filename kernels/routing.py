@@ -61,8 +61,7 @@ def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor
     order = torch.argsort(route, stable=True)
     g_sorted = route[order]
     rank = torch.arange(t, device=route.device) - token_start[g_sorted]
-    dest = torch.empty_like(order)
-    dest[order] = (block_end - blocks)[g_sorted] * v + rank
+    dest = torch.empty_like(order).index_copy_(0, order, (block_end - blocks)[g_sorted] * v + rank)
     nb = routed_blocks(t, n_groups, v)
     block_group = torch.searchsorted(block_end, torch.arange(nb, device=route.device), right=True)
     return dest, block_group.clamp_max(n_groups - 1)
@@ -70,10 +69,10 @@ def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor
 
 def padded_sources(dest: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(src int64 [rows]: the token of each padded row, 0 for the padding; valid bool [rows])."""
+    # index_copy_ / index_fill_ with a Python scalar: `valid[dest] = True` would copy a host tensor (a sync)
     src = torch.zeros(rows, dtype=torch.long, device=dest.device)
-    src[dest] = torch.arange(dest.numel(), device=dest.device)
-    valid = torch.zeros(rows, dtype=torch.bool, device=dest.device)
-    valid[dest] = True
+    src.index_copy_(0, dest, torch.arange(dest.numel(), device=dest.device))
+    valid = torch.zeros(rows, dtype=torch.bool, device=dest.device).index_fill_(0, dest, True)
     return src, valid
 
 

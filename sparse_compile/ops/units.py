@@ -73,8 +73,7 @@ def unpermute(dw1: torch.Tensor, db1: torch.Tensor, dw2: torch.Tensor, perm: tor
     if perm is None:
         return dw1, db1, dw2
     # gathers by the inverse permutation (index_select), the same values as scattering by perm
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    inverse = torch.empty_like(perm).index_copy_(0, perm, torch.arange(perm.numel(), device=perm.device))
     return dw1.index_select(0, inverse), db1.index_select(0, inverse), dw2.index_select(1, inverse)
 
 
