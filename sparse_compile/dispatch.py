@@ -34,8 +34,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from sparse_compile.config import SparsityConfig
+from sparse_compile.contract import DEVICES
 
-DEVICES = ("cpu", "cuda")
 NO_HINT = "no example token count to measure at"
 GATHER = "triton gather"
 CSLT24 = "triton 2:4"

@@ -20,12 +20,10 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from sparse_compile.measure import interleaved_ratio, max_rel_err
 
-GATHER_GEMMS = ("F2", "B1", "B3")
-
 
 @dataclass(frozen=True)
 class GatherChoice:
-    dense: frozenset[str]  # of GATHER_GEMMS: the ones cuBLAS runs
+    dense: frozenset[str]  # of contract.GATHER_GEMMS: the ones cuBLAS runs
     why: str
 
 

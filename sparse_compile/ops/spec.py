@@ -12,10 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from sparse_compile.config import parse_activation_pattern, parse_weight_grad
-from sparse_compile.dispatch import DEVICES
-from sparse_compile.gather_choice import GATHER_GEMMS
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from sparse_compile.contract import DEVICES, FLOAT_DTYPES, GATHER_GEMMS
 
 
 @dataclass(frozen=True)
