@@ -1,0 +1,138 @@
+"""python -m bench.whole_run: what a sparse recipe buys over a whole run, at the dense run's quality.
+
+From bench.train log.csv files (a dense run, and a sparse recipe at one or more step budgets with
+its schedule stretched to each: the same warm-up, sparse and tail fractions):
+- wall time of each run: sum over its logged intervals of (steps in the interval) x (tokens per
+  step) / tokens_per_s; the first, compiling steps are not timed (bench.train's untimed steps);
+- target: the dense runs' mean final validation loss;
+- iso-quality speedup = dense wall time / the recipe's wall time to reach the target: the budget
+  at which the recipe's final loss equals the target, linear between the two measured budgets that
+  bracket it (by wall time). A recipe whose every budget ends above the target has none ("not
+  reached", with the gap of its largest budget); one whose smallest budget already ends below it
+  gets that budget's ratio as a lower bound (">=");
+- projection to larger models (labelled as one): with a fraction f of the steps sparse, a sparse
+  step s times as fast as a dense one (bench.e2e at that size) and k = the recipe's steps to the
+  target over the dense run's steps, the whole run is 1 / (k (1 - f + f / s)) times as fast.
+  It assumes the 125M recipe's quality per step carries over to the larger model.
+
+    python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
+        --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555
+"""
+
+import argparse
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+
+@dataclass(frozen=True)
+class Run:
+    steps: int
+    wall_s: float  # timed steps only
+    final_val: float
+    sparse_frac: float  # fraction of the steps in the sparse window
+
+
+def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
+    """One run of a bench.train log.csv (``run``: "dense" or "sparse"; None: the file's last run)."""
+    rows = list(csv.DictReader(open(path)))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    name = run or rows[-1]["run"]
+    rows = [r for r in rows if r["run"] == name]
+    if not rows:
+        raise ValueError(f"{path}: no rows of run {name!r}")
+    wall = sparse = 0.0
+    previous = 0
+    for r in rows:
+        step = int(r["step"])
+        wall += (step - previous) * tokens_per_step / float(r["tokens_per_s"])
+        if r["phase"] == "sparse":
+            sparse += step - previous
+        previous = step
+    finals = [r for r in rows if r["val_loss"] not in ("", "nan")]
+    if not finals or int(finals[-1]["step"]) != previous:
+        raise ValueError(f"{path}: run {name!r} has no final validation loss (unfinished?)")
+    return Run(previous, wall, float(finals[-1]["val_loss"]), sparse / previous)
+
+
+@dataclass(frozen=True)
+class IsoQuality:
+    speedup: float | None  # dense wall / recipe wall at the target; None: not reached
+    bound: str  # "=" interpolated, ">=" the smallest budget already reaches it, "" not reached
+    steps_ratio: float | None  # recipe steps at the target / dense steps (k)
+    gap: float  # the largest budget's final loss vs the target, relative (> 0: above)
+
+
+def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: list[Run]) -> IsoQuality:
+    """The recipe's speedup at the dense quality ``target`` from its runs at several budgets."""
+    runs = sorted(budgets, key=lambda r: r.wall_s)
+    gap = runs[-1].final_val / target - 1
+    if runs[0].final_val <= target:
+        return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap)
+    for a, b in zip(runs, runs[1:], strict=False):
+        if b.final_val <= target < a.final_val:
+            w = (a.final_val - target) / (a.final_val - b.final_val)
+            wall = a.wall_s + w * (b.wall_s - a.wall_s)
+            steps = a.steps + w * (b.steps - a.steps)
+            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap)
+    return IsoQuality(None, "", None, gap)
+
+
+def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: float = 1.0) -> float:
+    """1 / (k (1 - f + f / s)): the whole run's speedup over dense (see the module docstring)."""
+    if not 0.0 <= sparse_frac <= 1.0 or step_speedup <= 0 or steps_ratio <= 0:
+        raise ValueError(f"projected_speedup: f={sparse_frac} (0..1), s={step_speedup} (> 0), k={steps_ratio} (> 0)")
+    return 1.0 / (steps_ratio * (1.0 - sparse_frac + sparse_frac / step_speedup))
+
+
+def _pairs(values: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        if "=" not in v:
+            raise SystemExit(f"{what} {v!r}: expected NAME=VALUE")
+        k, val = v.split("=", 1)
+        out[k] = val
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dense", nargs="+", required=True, help="bench.train log.csv files whose dense run is the target")
+    p.add_argument("--recipe", nargs="+", required=True, help="NAME=log.csv[,log.csv...]: the recipe at its budgets")
+    p.add_argument("--step-speedup", nargs="*", default=[], help="SIZE=s: bench.e2e's sparse step over dense there")
+    p.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per step of the runs (default 16384)")
+    args = p.parse_args(argv)
+    dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
+    target = sum(r.final_val for r in dense) / len(dense)
+    dense_wall = sum(r.wall_s for r in dense) / len(dense)
+    speedups = {k: float(v) for k, v in _pairs(args.step_speedup, "--step-speedup").items()}
+    rows = []
+    for name, files in _pairs(args.recipe, "--recipe").items():
+        budgets = [read_run(f, "sparse", args.tokens_per_step) for f in files.split(",")]
+        iso = iso_quality(dense_wall, dense[0].steps, target, budgets)
+        same = [b for b in budgets if b.steps == dense[0].steps]
+        row = {
+            "recipe": name,
+            "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
+            "sparse steps": f"{budgets[0].sparse_frac:.0%}",
+            "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
+            "largest budget vs dense": f"{iso.gap:+.2%}",
+            "iso-quality speedup (measured)": "not reached"
+            if iso.speedup is None
+            else f"{iso.bound}{iso.speedup:.3f}x",
+        }
+        for size, s in speedups.items():
+            k = iso.steps_ratio
+            cell = "-" if k is None else f"{projected_speedup(budgets[0].sparse_frac, s, k):.2f}x"
+            row[f"projection {size} (s={s})"] = cell
+        rows.append(row)
+    print(f"target: dense final val {target:.4f} (mean of {len(dense)}), dense wall {dense_wall:.0f} s")
+    print(tabulate(rows, headers="keys", tablefmt="github"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""bench.whole_run: wall time from a log, iso-quality interpolation, the projection formula."""
+
+import csv
+
+import pytest
+
+from bench.whole_run import iso_quality, main, projected_speedup, read_run
+
+FIELDS = ["run", "step", "segment", "phase", "lr", "loss", "val_loss", "tokens_per_s"]
+
+
+def _log(path, runs):
+    """runs: name -> list of (step, phase, tokens_per_s, val_loss or '')."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for name, rows in runs.items():
+            for step, phase, tps, val in rows:
+                w.writerow(dict(run=name, step=step, segment="x", phase=phase, lr=0, loss=1, val_loss=val,
+                                tokens_per_s=tps))  # fmt: skip
+    return str(path)
+
+
+def test_read_run_sums_interval_times_and_counts_sparse_steps(tmp_path):
+    rows = [(10, "dense", 1000, ""), (30, "sparse", 2000, ""), (40, "dense", 500, 2.5)]
+    path = _log(tmp_path / "a.csv", {"sparse": rows})
+    run = read_run(path, tokens_per_step=100)
+    assert run.steps == 40 and run.final_val == 2.5
+    assert run.wall_s == pytest.approx(10 * 100 / 1000 + 20 * 100 / 2000 + 10 * 100 / 500)
+    assert run.sparse_frac == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no final validation loss"):
+        read_run(_log(tmp_path / "b.csv", {"dense": [(10, "dense", 1, "")]}))
+
+
+def test_iso_quality_interpolates_between_bracketing_budgets():
+    from bench.whole_run import Run
+
+    budgets = [Run(100, 50.0, 2.2, 0.8), Run(120, 60.0, 1.9, 0.8), Run(140, 70.0, 1.7, 0.8)]
+    iso = iso_quality(80.0, 100, 2.0, budgets)
+    # 2.2 -> 1.9 crosses 2.0 at 2/3 of the way: wall 56.67, steps 113.3
+    assert iso.bound == "=" and iso.speedup == pytest.approx(80.0 / (50 + 2 / 3 * 10))
+    assert iso.steps_ratio == pytest.approx((100 + 2 / 3 * 20) / 100)
+    none = iso_quality(80.0, 100, 1.5, budgets)
+    assert none.speedup is None and none.gap == pytest.approx(1.7 / 1.5 - 1)
+    bound = iso_quality(80.0, 100, 2.5, budgets)
+    assert bound.bound == ">=" and bound.speedup == pytest.approx(80.0 / 50.0)
+
+
+def test_projection_formula():
+    assert projected_speedup(0.25, 1.475) == pytest.approx(1.09, abs=0.005)
+    assert projected_speedup(0.75, 1.475) == pytest.approx(1.32, abs=0.005)
+    assert projected_speedup(0.75, 1.475, 1.1) == pytest.approx(1.32 / 1.1, abs=0.005)
+    assert projected_speedup(0.0, 3.0) == 1.0
+    with pytest.raises(ValueError, match="f=1.5"):
+        projected_speedup(1.5, 1.4)
+
+
+def test_main_prints_one_row_per_recipe(tmp_path, capsys):
+    d = _log(tmp_path / "d.csv", {"dense": [(50, "dense", 1000, ""), (100, "dense", 1000, 2.0)]})
+    s1 = [(10, "dense", 1000, ""), (90, "sparse", 2000, ""), (100, "dense", 1000, 2.1)]
+    s1 = _log(tmp_path / "s1.csv", {"sparse": s1})
+    s2 = [(12, "dense", 1000, ""), (108, "sparse", 2000, ""), (120, "dense", 1000, 1.95)]
+    s2 = _log(tmp_path / "s2.csv", {"sparse": s2})
+    rows = main(["--dense", d, "--recipe", f"r={s1},{s2}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
+    assert [r["recipe"] for r in rows] == ["r"]
+    assert rows[0]["sparse steps"] == "80%" and rows[0]["iso-quality speedup (measured)"].startswith("=")
+    assert "projection 1.3b (s=1.5)" in rows[0]
+    assert "target: dense final val 2.0000" in capsys.readouterr().out
