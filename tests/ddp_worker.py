@@ -45,7 +45,11 @@ def train(model: torch.nn.Module, compiled, rank: int, world: int, graphs: list[
     return losses
 
 
-def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bool, bucket_mb: float) -> None:
+def main(
+    rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bool, bucket_mb: float, options: dict
+) -> None:
+    global OPTIONS
+    OPTIONS = options
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch._dynamo.config.optimize_ddp = optimize_ddp
@@ -90,4 +94,5 @@ def main(rank: int, world: int, port: str, out: str, mode: str, optimize_ddp: bo
 
 if __name__ == "__main__":
     port, out, mode, optimize_ddp, bucket_mb = sys.argv[1:3] + [sys.argv[3], sys.argv[4] == "1", float(sys.argv[5])]
-    torch.multiprocessing.spawn(main, args=(2, port, out, mode, optimize_ddp, bucket_mb), nprocs=2)
+    options = json.loads(sys.argv[6]) if len(sys.argv) > 6 else OPTIONS
+    torch.multiprocessing.spawn(main, args=(2, port, out, mode, optimize_ddp, bucket_mb, options), nprocs=2)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import sparse_compile
 from bench.model import GPT
 
 from .ddp_worker import CFG, OPTIONS, train
@@ -23,7 +24,7 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float, mode: str = "ddp") -> dict:
+def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float, mode: str = "ddp", options: dict | None = None) -> dict:
     out = tmp_path / f"{mode}_{optimize_ddp}.json"
     cmd = [
         sys.executable,
@@ -34,6 +35,7 @@ def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float, mode: str = "ddp") 
         mode,
         "1" if optimize_ddp else "0",
         str(bucket_mb),
+        *([json.dumps(options)] if options is not None else []),
     ]
     log = tmp_path / f"{mode}_{optimize_ddp}.log"
     with open(log, "w") as f:  # a file, not a pipe: multiprocessing helpers may hold pipes open after exit
@@ -85,6 +87,28 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
     model = GPT(CFG)
     dense = torch.stack(train(model, torch.compile(model), rank=0, world=1))
     assert (dense - single).abs().max() > 1e-3  # the comparison can tell sparse from dense
+
+
+# routed tokens: V=16 blocks of one group each, padded per call; 4 groups of chunks of 16 units (hidden 1024)
+ROUTED = {"activations": "16:4:16", "chunk": 16, "routes": 4}
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_routed_tokens_stay_on_their_rank(tmp_path, mode):
+    """Each rank routes and pads its own tokens (no token crosses ranks, no collective in the op): both
+    engines keep every site sparse on the routed op, and their losses equal one process on the same
+    global batch, where a block shared across ranks' tokens would differ."""
+    record = _run_ddp(tmp_path, optimize_ddp=False, bucket_mb=1.0, mode=mode, options=ROUTED)
+    assert record["sparse"] >= 1 and record["dense_reasons"] == []
+    torch.manual_seed(0)
+    sparse_compile.reset_units()
+    model = GPT(CFG)
+    single = torch.stack(train(model, torch.compile(model, backend="sparse", options=ROUTED), rank=0, world=1))
+    assert {s.kernel for s in sparse_compile.compile_reports()[-1].sparse_sites} == {"routed reference"}
+    torch.testing.assert_close(torch.tensor(record["losses"]), single, rtol=1e-4, atol=1e-5)
+    _same_graphs_on_every_rank_and_no_recompile(record)
+    for path in ("sparse_compile/ops/ffn_routed.py", "kernels/routing.py", "kernels/ffn_routed.py"):
+        assert "torch.distributed" not in (ROOT / path).read_text(), path
 
 
 def _train(out: Path, batch_size: int, mode: str = "none", extra: tuple[str, ...] = ()) -> str:
