@@ -27,7 +27,7 @@ from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 from sparse_compile.kernels.compact_scatter_triton import vnm_scatter
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
 from sparse_compile.kernels.gather_reference import gather_k_mm_ref, gather_n_mm_ref, vnm_scatter_ref
-from sparse_compile.measure import max_rel_err
+from sparse_compile.planning.measure import max_rel_err
 
 SHAPES = [(16384, 2048, 8192), (16384, 4096, 16384)]
 PATTERNS = [(128, 2, 8), (128, 2, 16), (64, 2, 8)]

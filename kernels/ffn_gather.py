@@ -19,7 +19,7 @@ H~ = round(r_c^2) it wrote [T, Kc], freed before B4): no scatter, no [T, h] tens
 the dense work;
 F2 and B1 read W2 in place (its kept columns are runs of c units): no transposed copy of W2.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
-``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/gather_choice.py
+``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/planning/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
 (compact_dz), B3 on the scattered dZ. Same products, rounded in the same places.
 """

@@ -1,6 +1,6 @@
 """Rewrite a matched FFN site into sparse_compile::sqrelu_ffn, ::sqrelu_ffn_vnm (the compact V:N:M
 kernels) or ::sqrelu_ffn_24 (2:4 activations on cuSPARSELt), or, for 2:4 weights alone, its two
-linears into ::linear_24 (relu and square stay), as dispatch.py says; plus sparsify_weight for 2:4 weights.
+linears into ::linear_24 (relu and square stay), as planning/plan.py says; plus sparsify_weight for 2:4 weights.
 
 Graph surgery only: new nodes go right before the second linear, carry ``example_value``
 (computed with the graph's fake mode), ``stack_trace`` and ``nn_module_stack`` of the
@@ -41,8 +41,8 @@ def rewrite_site(
 ) -> Node:
     """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites).
 
-    ``op_name``: the sparse_compile op to call (dispatch.KernelPlan.op); ``spec_suffix``: the per-site
-    kernel choices appended to the op's spec (dispatch.KernelPlan.spec_suffix). For "linear_24" the
+    ``op_name``: the sparse_compile op to call (planning.plan.KernelPlan.op); ``spec_suffix``: the per-site
+    kernel choices appended to the op's spec (planning.plan.KernelPlan.spec_suffix). For "linear_24" the
     two linears become linear_24 calls and relu, square stay: ``algs`` = the cuSPARSELt algorithms
     of the [T, d] -> [T, h] and [T, h] -> [T, d] GEMMs (-1: cuBLAS).
     """

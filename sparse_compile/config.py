@@ -103,7 +103,7 @@ class SparsityConfig:
         keeps its own permutation). The groups and the router are fitted from the samples recorded
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
-        time, else the reference; sparse_compile/dispatch.py),
+        time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
     min_hidden: FFNs with a smaller hidden size stay dense.
     small_ffn: CUDA sites too small to pay, by a size rule on T x d x h (sparse_compile/passes/

@@ -131,7 +131,7 @@ def test_compiled_model_scored_on_rows_matches_the_oracle(interpreter, n):
     """torch.compile(backend='sparse') with score_rows on the gather path (N = 4: F1 on the
     scoring rows and the kept chunks; N = 2: the full F1 and the selection kernel): the oracle's
     output and gradients (the oracle: masked dense math, mask from the last 4 rows of each block)."""
-    from sparse_compile.dispatch import GATHER
+    from sparse_compile.planning.plan import GATHER
 
     from .test_backend import assert_compiled_matches_oracle
 
@@ -147,7 +147,7 @@ def test_cuda_plan_says_where_f1_runs_on_the_scoring_rows(monkeypatch):
     import dataclasses
 
     from sparse_compile import PRESETS
-    from sparse_compile.dispatch import GATHER, plan_kernels
+    from sparse_compile.planning.plan import GATHER, plan_kernels
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cuda = torch.device("cuda", 0)

@@ -392,7 +392,7 @@ def test_split_is_the_smallest_power_of_two_with_four_programs_per_sm(monkeypatc
 def test_compiled_model_matches_oracle(interpreter, kernels):
     """torch.compile(backend='sparse') with chunks: reference op on CPU, or the gather path with the
     chunked selection and block-sparse B2/B4 kernels under the interpreter; numbers = the oracle."""
-    from sparse_compile.dispatch import GATHER
+    from sparse_compile.planning.plan import GATHER
 
     from .test_backend import assert_compiled_matches_oracle
 
@@ -407,7 +407,7 @@ def test_compiled_model_matches_oracle(interpreter, kernels):
 def test_causal_chunks_compiled_match_the_oracle(interpreter):
     """chunk + causal through torch.compile on the gather path (interpreter): the oracle's output
     and gradients (the oracle: masked dense math with the causal chunked mask)."""
-    from sparse_compile.dispatch import GATHER
+    from sparse_compile.planning.plan import GATHER
 
     from .test_backend import assert_compiled_matches_oracle
 
@@ -418,7 +418,7 @@ def test_causal_chunks_compiled_match_the_oracle(interpreter):
 
 
 def test_chunks_the_kernels_cannot_take_run_the_reference():
-    from sparse_compile.dispatch import plan_kernels
+    from sparse_compile.planning.plan import plan_kernels
 
     for config in (
         SparsityConfig(activations="128:2:16", chunk=8),

@@ -6,7 +6,7 @@ import torch
 
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
-from sparse_compile.dispatch import GATHER, W24, plan_kernels
+from sparse_compile.planning.plan import GATHER, W24, plan_kernels
 
 from .oracle import oracle_ffn
 from .test_backend import Stack, assert_compiled_matches_oracle
@@ -85,8 +85,8 @@ def test_op_spec_rejects_unknown_dense_gemm():
 
 
 def test_act24_plan_spec_round_trip():
-    from sparse_compile.dispatch import CSLT24, KernelPlan
     from sparse_compile.ops import parse_spec
+    from sparse_compile.planning.plan import CSLT24, KernelPlan
 
     plan = KernelPlan(CSLT24, False, f1_alg=2, act24_alg=5)
     assert plan.op == "sqrelu_ffn_24"

@@ -6,7 +6,7 @@ the GPU (tests/gpu/test_linear_24_gpu.py)."""
 import torch
 
 from sparse_compile import SparsityConfig
-from sparse_compile.dispatch import W24
+from sparse_compile.planning.plan import W24
 
 from .test_backend import assert_compiled_matches_oracle, autocast_step
 

@@ -10,7 +10,7 @@
 | sqrelu_ffn_routed, _backward            | ffn_routed.py       | kernels/ffn_routed.py (routed tokens) |
 
 The spec string every FFN op receives, the input checks and the autograd glue are in spec.py.
-Which op a site gets is decided by sparse_compile/dispatch.py; importing this package registers all.
+Which op a site gets is decided by sparse_compile/planning/plan.py; importing this package registers all.
 """
 
 from sparse_compile.ops import ffn_24, ffn_reference, ffn_routed, ffn_vnm, linear_24, sparsify_weight

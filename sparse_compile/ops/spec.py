@@ -1,6 +1,6 @@
 """What every FFN op shares: the spec string each op receives, input checks, and the autograd glue.
 
-The spec (SparsityConfig.op_spec plus dispatch.KernelPlan.spec_suffix) is a string so that the
+The spec (SparsityConfig.op_spec plus planning.plan.KernelPlan.spec_suffix) is a string so that the
 ops stay opaque to Dynamo and AOTAutograd: 'weights=2:4;activations=64:2:8;kernels=auto;...'.
 """
 

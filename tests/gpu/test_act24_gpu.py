@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from sparse_compile import SparsityConfig
-from sparse_compile.dispatch import CSLT24
 from sparse_compile.kernels.act24_cslt_triton import (
     sqrelu_24_backward,
     sqrelu_24_backward_ref,
@@ -15,6 +14,7 @@ from sparse_compile.kernels.act24_cslt_triton import (
     sqrelu_24_compress_ref,
 )
 from sparse_compile.kernels.activation_24_triton import activation_24
+from sparse_compile.planning.plan import CSLT24
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel, assert_trains_like_reference, train_gpt
@@ -55,7 +55,7 @@ def test_kernels_bit_exact(t, h, dtype):
 @pytest.mark.parametrize("weights", [None, "2:4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_op_matches_reference_op_and_oracle(weights, dtype):
-    from sparse_compile.act24_choice import choose_act24
+    from sparse_compile.planning.act24_choice import choose_act24
 
     leaves = ffn_leaves(2, dtype)  # T = 1024, d = 512, h = 2048
     config = SparsityConfig(weights=weights, activations="2:4")
@@ -85,7 +85,7 @@ def test_gpt_trains_on_cusparselt_activations_like_on_reference_kernels():
 
 
 def test_choice_measures_cusparselt_against_cublas():
-    from sparse_compile.act24_choice import choose_act24
+    from sparse_compile.planning.act24_choice import choose_act24
 
     choice = choose_act24(0, torch.bfloat16, 16384, 2048, 8192)
     assert choice.alg is not None and choice.ratio > 0 and "x cuBLAS" in choice.why

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from sparse_compile import SparsityConfig
-from sparse_compile.dispatch import GATHER
 from sparse_compile.kernels.activation_mask import vnm_compact_ref
 from sparse_compile.kernels.gather_reference import gather_k_mm_ref, gather_n_mm_ref, vnm_scatter_ref
+from sparse_compile.planning.plan import GATHER
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel, assert_trains_like_reference, train_gpt

@@ -54,8 +54,8 @@ def test_sparse_mm_on_the_buffer_matches_dense(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cslt_linear_matches_linear_with_bias(dtype):
-    from sparse_compile.f1_choice import choose_f1
     from sparse_compile.kernels.cslt_linear import cslt_linear
+    from sparse_compile.planning.f1_choice import choose_f1
 
     g = torch.Generator(device="cuda").manual_seed(3)
     w = random_24(2048, 1024, g, dtype)

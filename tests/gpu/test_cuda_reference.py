@@ -7,7 +7,7 @@ import torch
 
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports, dense_phase
-from sparse_compile.dispatch import GATHER
+from sparse_compile.planning.plan import GATHER
 
 from ..oracle import oracle_ffn
 from ..test_backend import Stack, oracle_forward

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparse_compile import SparsityConfig
-from sparse_compile.dispatch import GATHER
+from sparse_compile.planning.plan import GATHER
 
 from ..oracle import oracle_ffn
 from .test_cuda_reference import _rel, train_gpt
@@ -77,7 +77,7 @@ def test_gpt_trains_on_gather_kernels_like_on_reference_kernels():
 
 
 def test_gather_choice_measures_each_gemm():
-    from sparse_compile.gather_choice import choose_gathers
+    from sparse_compile.planning.gather_choice import choose_gathers
 
     for shape in [(4096, 1024, 4096), (16384, 2048, 8192)]:
         choice = choose_gathers(0, torch.bfloat16, *shape, 128, 2, 16)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sparse_compile import compile_reports
-from sparse_compile.dispatch import W24
 from sparse_compile.kernels import transposable_24_mask
+from sparse_compile.planning.plan import W24
 
 from .test_cuda_reference import _rel
 
@@ -23,7 +23,7 @@ pytestmark = [
 @pytest.mark.parametrize("d_in, d_out", [(1024, 2048), (2048, 1024)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_24_matches_linear_on_each_chosen_algorithm(d_in, d_out, dtype):
-    from sparse_compile.f1_choice import choose_f1
+    from sparse_compile.planning.f1_choice import choose_f1
 
     g = torch.Generator(device="cuda").manual_seed(d_in)
     w = torch.randn(d_out, d_in, device="cuda", generator=g).to(dtype)

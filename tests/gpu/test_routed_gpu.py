@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import sparse_compile
-from sparse_compile.dispatch import ROUTED
 from sparse_compile.kernels.routing import group_columns, routed_ffn_ref
+from sparse_compile.planning.plan import ROUTED
 from sparse_compile.route_fit import initial_groups
 
 from .test_cuda_reference import _rel, train_gpt

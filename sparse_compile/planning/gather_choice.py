@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.measure import interleaved_ratio, max_rel_err
+from sparse_compile.planning.measure import interleaved_ratio, max_rel_err
 
 
 @dataclass(frozen=True)

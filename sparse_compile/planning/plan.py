@@ -16,12 +16,12 @@ bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. 
 runs the reference kernels, and the report says why. kernels="triton" forces the gather path
 wherever the pattern allows (fp32 included; on CPU only under TRITON_INTERPRET=1, for tests).
 With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured faster than cuBLAS
-on this GPU at the site's shape (sparse_compile/f1_choice.py); the plan carries the algorithm id.
+on this GPU at the site's shape (sparse_compile/planning/f1_choice.py); the plan carries the algorithm id.
 Under kernels="auto" each of F2, B1, B3 runs on its gather kernel or on cuBLAS over the dense
-operand, whichever measured faster at the site's shape (sparse_compile/gather_choice.py).
+operand, whichever measured faster at the site's shape (sparse_compile/planning/gather_choice.py).
 The 2:4 activation path needs activations "2:4", an sm90 GPU (the compressor's layout), bf16/fp16,
 T known to be a multiple of 64, and d and h multiples of 64; F2 and B3 go to cuSPARSELt when it
-measured faster than cuBLAS at the site's shape (sparse_compile/act24_choice.py), or under
+measured faster than cuBLAS at the site's shape (sparse_compile/planning/act24_choice.py), or under
 kernels="triton" whenever an algorithm gives the right answer.
 2:4 weight masks on CUDA always come from the Triton kernel (kernels/weight_mask_triton.py), which
 gives the reference's answer, so it is not a choice here.
@@ -130,7 +130,7 @@ def plan_kernels(
         f1 = f"F1 on each block's last {rows} rows (cuBLAS) and its kept chunks (gather); " if scored else ""
         gemm_why = f"chunks of {c}: {f1}F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
     elif config.kernels == "auto":
-        from sparse_compile import gather_choice
+        from sparse_compile.planning import gather_choice
 
         if t is None:
             gemm_why = f"F2, B1, B3 gather kernels: {NO_HINT}"
@@ -175,7 +175,7 @@ def _f1(device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig
     """(cuSPARSELt algorithm of F1 = [T, d] x W~^T [d, h] or None, why) for 2:4 weights on CUDA."""
     if config.weights != "2:4":
         return None, ""
-    from sparse_compile import f1_choice
+    from sparse_compile.planning import f1_choice
 
     t = _hint(tokens)
     why = f1_choice.cslt_unsupported(device, dtype, d, h)
@@ -196,7 +196,7 @@ def _plan_24(device: torch.device, dtype: torch.dtype, tokens, config: SparsityC
         return _reference(device.type, "2:4 activations: cuSPARSELt needs a CUDA GPU; masked dense GEMMs")
     if not (d and h):
         return _reference(device.type, "2:4 activations: shapes unknown; masked dense GEMMs")
-    from sparse_compile import act24_choice, f1_choice
+    from sparse_compile.planning import act24_choice, f1_choice
 
     why = f1_choice.cslt_unsupported(device, dtype, d, h)
     why = why and f"2:4 activations: {why}"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.f1_choice import MAX_ALGS, none_usable, too_slow
-from sparse_compile.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
+from sparse_compile.planning.f1_choice import MAX_ALGS, none_usable, too_slow
+from sparse_compile.planning.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from sparse_compile.kernels.cslt_linear import cslt_linear
-from sparse_compile.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
+from sparse_compile.planning.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
 
 MAX_ALGS = 32  # an upper bound on cuSPARSELt's algorithm ids; the search stops at the first refused
 SLOW, SLOW_FLOOR_MS = 4.0, 10.0  # see too_slow
