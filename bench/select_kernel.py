@@ -6,7 +6,7 @@ times both (triton.testing.do_bench medians); with --seq S also the causal patte
 (T*h*2) + write h_c and r_c (2 * T*h*4/M*2) + ids ((T/V)*h*4/M*4). Then the same for the compressed 2:4 kernel
 (activation_24 vs activation_24_ref): read Z, write values (T*h/2*2) + uint8 metadata (T*h/4), plus
 the masked dense H~ (T*h*2) in the "+ masked" rows. Then the 2:4 activation path's fused cuSPARSELt
-kernels (kernels/act24_cslt_triton.py), checked bit for bit against their references and h_buf
+kernels (kernels/sqrelu_24_compress_triton.py), checked bit for bit against their references and h_buf
 against torch._cslt_compress: forward reads Z, writes two sm90 buffers (2 * T*h*(1/2 + 1/16)*2);
 backward reads dH and r_buf, writes dz_buf and the dense dZ~ and H~; the torch route each replaces
 is relu^2 + the 2:4 mask (+ dZ~ = dH * 2 R~) + torch._cslt_compress per buffer.
@@ -25,15 +25,15 @@ from tabulate import tabulate
 
 from bench.env import write_csv
 from bench.gpu_timing import start_gpu_bench, sweep_tilings
-from sparse_compile.kernels.act24_cslt_triton import (
+from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
+from sparse_compile.kernels.activation_select_24_triton import activation_24, activation_24_ref
+from sparse_compile.kernels.activation_select_triton import vnm_select_compact
+from sparse_compile.kernels.sqrelu_24_compress_triton import (
     sqrelu_24_backward,
     sqrelu_24_backward_ref,
     sqrelu_24_compress,
     sqrelu_24_compress_ref,
 )
-from sparse_compile.kernels.activation_24_triton import activation_24, activation_24_ref
-from sparse_compile.kernels.activation_mask import vnm_compact_ref, vnm_mask
-from sparse_compile.kernels.activation_select_triton import vnm_select_compact
 
 PATTERNS = [(1, 2, 4), (64, 2, 8), (128, 2, 8), (128, 4, 8), (128, 2, 16), (128, 4, 16)]
 

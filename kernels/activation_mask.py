@@ -17,7 +17,7 @@ chosen from the tokens before it, so no token's output depends on a later token.
 a sequence is scored by the norms of block j - 1 (with ``score`` S < V: of its last S rows only,
 the tokens right before block j); a sequence's first block by its first token's row alone.
 Scoring on S rows lets a forward compute Z = X W1^T + b1 in full only on those rows and the kept
-chunks elsewhere (kernels/chunk_score.py): the chunks of block j are known before its Z is.
+chunks elsewhere (kernels/chunk_score_triton.py): the chunks of block j are known before its Z is.
 The in-row choice is per token, causal either way. Without ``seq`` a block's columns
 are chosen from all V of its tokens, later ones included: token t's kept columns then carry
 information about tokens t+1 .. of its block, which a causal LM can learn to read.

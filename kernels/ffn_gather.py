@@ -5,7 +5,7 @@ Same math as kernels/ffn_reference.py, GEMM by GEMM (the notation of docs/design
                                         cuSPARSELt on the compressed W~1 when given an algorithm id
       h_c, r_c, ids = select(Z)         one memory pass (activation_select_triton.py)
       or, causal in chunks scored on S < V rows (N = 4, cuBLAS F1): Z on the scoring rows only,
-      then R~ on the kept chunks by the gather-N GEMM (chunk_score.py): no [T, h] Z
+      then R~ on the kept chunks by the gather-N GEMM (chunk_score_triton.py): no [T, h] Z
   F2  Y = h_c @ W2^T[ids] + b2          gather-K GEMM, K = h*4/M
   B1  dZ_c = (dY @ W2^T[ids]^T) * 2 r_c gather-N GEMM with the dZ epilogue
   B3  dX = dZ_c @ W1[ids]               gather-K GEMM
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.activation_select_triton import vnm_select_compact
-from sparse_compile.kernels.chunk_score import f1_scored_chunks
+from sparse_compile.kernels.chunk_score_triton import f1_scored_chunks
 from sparse_compile.kernels.chunk_select_triton import chunk_supports, vnm_select_chunks
 from sparse_compile.kernels.chunk_wgrad_triton import (
     chunk_colsum,
@@ -51,7 +51,7 @@ def chunk_path_supports(v: int, m: int, c: int) -> bool:
 
 
 def f1_on_scoring_rows(v: int, n: int, chunk: int, causal: bool, score: int | None, f1_alg: int | None) -> bool:
-    """Whether the forward computes F1 only on the scoring rows and the kept chunks (chunk_score.py)
+    """Whether the forward computes F1 only on the scoring rows and the kept chunks (chunk_score_triton.py)
     instead of in full: causal chunks scored on fewer than V rows, N = 4, F1 on cuBLAS."""
     return chunk > 1 and causal and score is not None and score < v and n == 4 and f1_alg is None
 

@@ -89,11 +89,11 @@ class SparsityConfig:
         field's default; the "chunked" preset, backend="sparse"'s default, has 16). Under V (and
         N = 4), the forward computes Z = X W1^T + b1 in full only on those rows (and each
         sequence's first token) and on the kept chunks of every row (the gather GEMM;
-        kernels/chunk_score.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
+        kernels/chunk_score_triton.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
         of 128, keep 1/4); the choice sees fewer tokens.
     permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
         backend per site (identity at first; sparse_compile.recluster() refits it from the
-        activations recorded under sparse_compile.probe_units(); sparse_compile/ops/units.py), so that
+        activations recorded under sparse_compile.probe_units(); sparse_compile/ops/unit_perms.py), so that
         a block's kept groups and chunks cover more of H. The dense function, the parameters and
         the state dict are unchanged.
     routes: None, or G >= 2 groups of routed tokens (kernels/routing.py): each token keeps the units of

@@ -1,4 +1,4 @@
-"""2:4 activations straight into cuSPARSELt's sm90 buffers (kernels/act24_cslt_triton.py): the Triton
+"""2:4 activations straight into cuSPARSELt's sm90 buffers (kernels/sqrelu_24_compress_triton.py): the Triton
 kernels vs their pure-torch references, bit for bit, and the references vs independent definitions
 (the FFN reference's R~, H~, dZ~; the compressor validated against real _cslt_compress output)."""
 
@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from sparse_compile.kernels import vnm_mask
-from sparse_compile.kernels.act24_cslt_triton import (
+from sparse_compile.kernels.activation_select_24_triton import activation_24_ref
+from sparse_compile.kernels.cslt_compress_triton import cslt_compress_ref, random_24
+from sparse_compile.kernels.ffn_reference import sqrelu_ffn_backward_ref
+from sparse_compile.kernels.sqrelu_24_compress_triton import (
     cslt_decompress_ref,
     sqrelu_24_backward,
     sqrelu_24_backward_ref,
     sqrelu_24_compress,
     sqrelu_24_compress_ref,
 )
-from sparse_compile.kernels.activation_24_triton import activation_24_ref
-from sparse_compile.kernels.cslt_compress_triton import cslt_compress_ref, random_24
-from sparse_compile.kernels.ffn_reference import sqrelu_ffn_backward_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])  # bf16 dots aside, fp16 on CPU

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sparse_compile.kernels import vnm_mask
-from sparse_compile.kernels.activation_24_triton import activation_24, activation_24_ref
+from sparse_compile.kernels.activation_select_24_triton import activation_24, activation_24_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])

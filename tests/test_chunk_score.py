@@ -66,7 +66,7 @@ def test_select_kernel_scores_the_last_rows(interpreter, n, dtype):
 def test_scored_ids_from_the_scoring_rows_equal_the_reference(interpreter):
     """scoring_rows + scored_ids (Z on T/V x S + T/seq rows) choose what the reference chooses
     from the full Z (float32: F.linear's rows do not depend on the other rows here)."""
-    from sparse_compile.kernels.chunk_score import scored_ids, scoring_rows
+    from sparse_compile.kernels.chunk_score_triton import scored_ids, scoring_rows
 
     g = torch.Generator().manual_seed(5)
     t, d, h, v, m, c, seq = 256, 32, 512, 32, 8, 16, 128
@@ -112,7 +112,7 @@ def test_gather_n_activation_epilogue(interpreter, dtype, tol):
 def test_f1_on_the_scoring_rows_and_kept_chunks_equals_the_selection(interpreter):
     """f1_scored_chunks (no [T, h] Z) gives the (h_c, r_c, ids) the selection kernel gives on the
     full Z, float32 under the interpreter."""
-    from sparse_compile.kernels.chunk_score import f1_scored_chunks
+    from sparse_compile.kernels.chunk_score_triton import f1_scored_chunks
     from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
 
     g = torch.Generator().manual_seed(9)

@@ -1,4 +1,4 @@
-"""Hidden-unit permutations (SparsityConfig.permute, sparse_compile/ops/units.py): a permuted site
+"""Hidden-unit permutations (SparsityConfig.permute, sparse_compile/ops/unit_perms.py): a permuted site
 computes the V:N:M pattern of H[:, p] mapped back to the units' own order; gradients land on the
 right units; the identity is today's op; the dense phase, the parameters and the state dict are
 untouched; probe_units + recluster fit valid permutations; bad input names the value."""

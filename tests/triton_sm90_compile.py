@@ -34,15 +34,15 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sparse_compile.kernels import act24_cslt_triton as act24_cslt  # noqa: E402
-from sparse_compile.kernels import activation_24_triton as act24  # noqa: E402
+from sparse_compile.kernels import activation_select_24_triton as act24  # noqa: E402
 from sparse_compile.kernels import activation_select_triton as select  # noqa: E402
-from sparse_compile.kernels import chunk_score  # noqa: E402
+from sparse_compile.kernels import chunk_score_triton  # noqa: E402
 from sparse_compile.kernels import chunk_select_triton as chunk_select  # noqa: E402
 from sparse_compile.kernels import chunk_wgrad_triton as chunk_wgrad  # noqa: E402
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import cslt_compress_triton as cslt  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
+from sparse_compile.kernels import sqrelu_24_compress_triton as act24_cslt  # noqa: E402
 from sparse_compile.kernels import transpose_triton as transpose  # noqa: E402
 from sparse_compile.kernels import weight_mask_pairs_triton as wpairs  # noqa: E402
 from sparse_compile.kernels import weight_mask_triton as wmask  # noqa: E402
@@ -190,7 +190,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     names = "zs_ptr ids_ptr stride_z stride_ids NB S SEQ_BLOCKS M C ROWS"
     types = {"zs_ptr": "*bf16", "ids_ptr": "*i32"}
     cases.append(
-        ("chunk score M=16 c=128", chunk_score._chunk_score_kernel, _sig(names, ce, types), ce, {"num_warps": 8})
+        ("chunk score M=16 c=128", chunk_score_triton._chunk_score_kernel, _sig(names, ce, types), ce, {"num_warps": 8})
     )
     # (c, square, split, units_m, BLOCK_D, warps): the default B2/B4 tiles and B4's units-along-M one
     wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import sparse_compile
-from sparse_compile.ops import units
+from sparse_compile.ops import unit_perms
 from tests.test_backend import Stack
 
 OPTIONS = {"activations": "16:2:8", "permute": True}
@@ -22,7 +22,7 @@ def main(rank: int, world: int, port: str, out: str) -> None:
     x = torch.randn(4, 32, 32, generator=torch.Generator().manual_seed(rank))  # each rank its own batch
     with sparse_compile.probe_units(), torch.no_grad():
         compiled(x)
-    profiles = {name: site.profiles[0].tolist() for name, site in units._sites.items()}
+    profiles = {name: site.profiles[0].tolist() for name, site in unit_perms._sites.items()}
     sites = sparse_compile.recluster()
     perms = {name: p.tolist() for name, p in sparse_compile.unit_permutations().items()}
     with sparse_compile.probe_units(), torch.no_grad():  # rank 1 records twice: the shapes differ

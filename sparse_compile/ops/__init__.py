@@ -5,7 +5,7 @@
 | sparsify_weight                       | sparsify_weight.py  | kernels/weight_mask*.py              |
 | sqrelu_ffn, sqrelu_ffn_backward       | ffn_reference.py    | kernels/ffn_reference.py (reference) |
 | sqrelu_ffn_vnm, sqrelu_ffn_vnm_backward | ffn_vnm.py        | kernels/ffn_gather.py (V:N:M)        |
-| sqrelu_ffn_24, sqrelu_ffn_24_backward | ffn_24.py           | kernels/ffn_act24.py (2:4 activations) |
+| sqrelu_ffn_24, sqrelu_ffn_24_backward | ffn_24.py           | kernels/ffn_act24_cslt.py (2:4 activations) |
 | linear_24                             | linear_24.py        | kernels/cslt_linear.py (2:4 weights alone) |
 | sqrelu_ffn_routed, _backward            | ffn_routed.py       | kernels/ffn_routed.py (routed tokens) |
 

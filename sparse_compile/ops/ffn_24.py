@@ -1,7 +1,7 @@
 """sparse_compile::sqrelu_ffn_24: the FFN with 2:4 activations, F2 and B3 on cuSPARSELt or cuBLAS.
 
 sqrelu_ffn_24(x, w1, b1, w2, b2, spec) -> (y, r_buf)
-    The reference's function (ops/ffn_reference.py) on kernels/ffn_act24.py; backward keeps
+    The reference's function (ops/ffn_reference.py) on kernels/ffn_act24_cslt.py; backward keeps
     r_buf, the sm90 cuSPARSELt buffer of R~ [T, h/2 + h/16].
 sqrelu_ffn_24_backward(dy, x, w1, w2, r_buf, spec) -> (dx, dw1, db1, dw2, db2)
 """
@@ -39,7 +39,7 @@ def sqrelu_ffn_24(
     b2: torch.Tensor | None,
     spec: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from sparse_compile.kernels.ffn_act24 import sqrelu_ffn_forward_24  # Triton: imported when used
+    from sparse_compile.kernels.ffn_act24_cslt import sqrelu_ffn_forward_24  # Triton: imported when used
 
     check_inputs(x, w1, w2, b1, b2)
     w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
@@ -60,7 +60,7 @@ def _(x, w1, b1, w2, b2, spec):
 def sqrelu_ffn_24_backward(
     dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_buf: torch.Tensor, spec: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from sparse_compile.kernels.ffn_act24 import sqrelu_ffn_backward_24
+    from sparse_compile.kernels.ffn_act24_cslt import sqrelu_ffn_backward_24
 
     x2 = x.reshape(-1, x.shape[-1])
     op = _act24_of(spec, x2.shape[0])

@@ -12,7 +12,7 @@ import math
 import torch
 
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
-from sparse_compile.ops import units
+from sparse_compile.ops import unit_perms
 from sparse_compile.ops.spec import (
     activation_pattern_for,
     causal_seq,
@@ -41,7 +41,7 @@ def sqrelu_ffn(
     pattern = activation_pattern_for(op, x2.shape[0])
     seq = causal_seq(op, x) if pattern is not None else None
     if op.units is not None and pattern is not None:
-        w1, b1, w2 = units.forward_weights(op.units, op.activations, op.chunk, x2, w1, b1, w2)
+        w1, b1, w2 = unit_perms.forward_weights(op.units, op.activations, op.chunk, x2, w1, b1, w2)
     y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
@@ -59,12 +59,12 @@ def sqrelu_ffn_backward(
     dy2 = dy.reshape(-1, dy.shape[-1])
     op = parse_spec(spec)
     dense_h = activation_pattern_for(op, dy2.shape[0]) is None
-    perm = None if op.units is None or dense_h else units.site_perm(op.units, op.activations, op.chunk, x.device)
-    w1c, _, w2c = units.permute(*in_dtype(dy, w1, None, w2), perm)
+    perm = None if op.units is None or dense_h else unit_perms.site_perm(op.units, op.activations, op.chunk, x.device)
+    w1c, _, w2c = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
         dy2, x.reshape(-1, x.shape[-1]), w1c, w2c, r_masked, op.weight_grad, op.dense_frac
     )
-    dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
+    dw1, db1, dw2 = unit_perms.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

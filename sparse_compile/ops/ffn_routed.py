@@ -15,7 +15,7 @@ import torch
 
 from sparse_compile.kernels import sqrelu_ffn_backward_ref
 from sparse_compile.kernels.routing import routed_blocks, routed_ffn_ref
-from sparse_compile.ops import routes, units
+from sparse_compile.ops import routes, unit_perms
 from sparse_compile.ops.spec import check_inputs, ffn_autograd, ffn_setup, grads_like, in_dtype, parse_spec
 
 
@@ -42,7 +42,7 @@ def sqrelu_ffn_routed(
     routes.record(s, x2, w1, b1)
     routes.prepare(s, w1, b1)
     route = routes.route(s, x2, w1, b1)
-    w1, b1, w2 = units.permute(w1, b1, w2, s.perm)
+    w1, b1, w2 = unit_perms.permute(w1, b1, w2, s.perm)
     if gather:
         from sparse_compile.kernels.ffn_routed import sqrelu_ffn_forward_routed  # Triton: imported when used
 
@@ -80,7 +80,7 @@ def sqrelu_ffn_routed_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     s, (v, _, m), chunk, gather = _site(spec)
     perm = None if s.perm is None else s.perm.to(x.device)
-    w1c, _, w2c = units.permute(*in_dtype(dy, w1, None, w2), perm)
+    w1c, _, w2c = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
     x2 = x.reshape(-1, x.shape[-1])
     if gather:
@@ -89,7 +89,7 @@ def sqrelu_ffn_routed_backward(
         dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_routed(dy2, x2, w1c, w2c, r, ids, dest, v, m, chunk)
     else:
         dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(dy2, x2, w1c, w2c, r, None, 0.0)
-    dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
+    dw1, db1, dw2 = unit_perms.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

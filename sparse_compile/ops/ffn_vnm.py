@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from sparse_compile.ops import units
+from sparse_compile.ops import unit_perms
 from sparse_compile.ops.spec import (
     causal_seq,
     check_inputs,
@@ -46,7 +46,7 @@ def sqrelu_ffn_vnm(
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
     if op.units is not None:
-        w1, b1, w2 = units.forward_weights(op.units, (v, n, m), op.chunk, x2, w1, b1, w2)
+        w1, b1, w2 = unit_perms.forward_weights(op.units, (v, n, m), op.chunk, x2, w1, b1, w2)
     y, r_c, ids = sqrelu_ffn_forward_gather(
         x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x), op.score
     )
@@ -80,13 +80,13 @@ def sqrelu_ffn_vnm_backward(
     x2 = x.reshape(-1, x.shape[-1])
     v, n, m = _vnm_of(spec, x2.shape[0])
     op = parse_spec(spec)
-    perm = None if op.units is None else units.site_perm(op.units, (v, n, m), op.chunk, x.device)
-    w1c, _, w2c = units.permute(*in_dtype(dy, w1, None, w2), perm)
+    perm = None if op.units is None else unit_perms.site_perm(op.units, (v, n, m), op.chunk, x.device)
+    w1c, _, w2c = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
         dy2, x2, w1c, w2c, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
     )
-    dw1, db1, dw2 = units.unpermute(dw1, db1, dw2, perm)
+    dw1, db1, dw2 = unit_perms.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 

@@ -1,7 +1,7 @@
 """The routed sites' state (SparsityConfig.routes): each site's unit permutation, groups and router.
 
 Kept per site module path, outside the model (the dense function, the parameters and the state dict
-are unchanged), as ops/units.py keeps permutations. Before its first fit a site runs the identity
+are unchanged), as ops/unit_perms.py keeps permutations. Before its first fit a site runs the identity
 permutation, initial groups (route_fit.initial_groups) and each group's first 16 units as its
 representatives (the router reads a token's activations on them: kernels/routing.route_tokens). Inside
 ``sparse_compile.probe_units()`` every routed site's forward also records a sample of its rows
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.kernels.routing import group_columns, route_tokens, routed_mask
-from sparse_compile.ops import units
+from sparse_compile.ops import unit_perms
 from sparse_compile.route_fit import fit_routes, initial_groups
 
 SAMPLE_ROWS_PER_CALL = 1024  # rows of x and H a probed call records (every T/1024-th row)
@@ -82,7 +82,7 @@ def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | N
 
 def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
     """While probing: keep a sample of this call's rows of x and H (units in their own order)."""
-    if not units.probing():
+    if not unit_perms.probing():
         return
     with torch.no_grad():
         step = max(1, x2.shape[0] // SAMPLE_ROWS_PER_CALL)

@@ -28,7 +28,7 @@ class OpSpec:
     chunk: int = 1  # hidden units per kept column of the V:N:M pattern
     causal: bool = False  # columns chosen from earlier tokens (kernels/activation_mask.py)
     score: int | None = None  # causal: rows of the previous block that choose a block's columns (None: V)
-    units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/units.py)
+    units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/unit_perms.py)
     routes: int | None = None  # routed tokens: G groups (kernels/routing.py; state in ops/routes.py)
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
 

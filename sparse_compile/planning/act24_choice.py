@@ -2,9 +2,9 @@
 
 With 2:4 activations the two GEMMs that reduce over h can take the activation as cuSPARSELt's sparse
 operand: F2 = H~ W2^T and B3 = dZ~ W1, both [T, h] 2:4 along h times a dense [h, d]
-(kernels/ffn_act24.py). Whether that beats cuBLAS depends on the GPU and the shape, so at
+(kernels/ffn_act24_cslt.py). Whether that beats cuBLAS depends on the GPU and the shape, so at
 compile time, once per (GPU, dtype, T, d, h) in a process, every algorithm id cuSPARSELt offers is
-run on a real 2:4 activation of the site's shape (kernels/act24_cslt_triton.py), checked against the
+run on a real 2:4 activation of the site's shape (kernels/sqrelu_24_compress_triton.py), checked against the
 dense product (some ids are wrong), and the fastest timed against cuBLAS on the dense masked
 operand. Slower than cuBLAS (under kernels="auto"): F2 and B3 run on cuBLAS over the dense masked
 operand (the rest of the path stays: the fused 2:4 kernels), and the report says by how much.
@@ -40,8 +40,8 @@ def choose_act24(device_index: int, dtype: torch.dtype, tokens: int, d: int, h: 
 
 
 def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: int) -> Act24Choice:
-    from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_compress
-    from sparse_compile.kernels.activation_24_triton import activation_24
+    from sparse_compile.kernels.activation_select_24_triton import activation_24
+    from sparse_compile.kernels.sqrelu_24_compress_triton import sqrelu_24_compress
 
     g = torch.Generator(device).manual_seed(0)
     z = torch.randn(tokens, h, device=device, generator=g).to(dtype)

@@ -8,7 +8,7 @@
   "2:4 weight linears" 2:4 weights alone: the FFN's two linears become sparse_compile::linear_24
                        (F1, F2 and their dX GEMMs B3, B1 on cuSPARSELt where it measured faster,
                        with W~ or W~^T as the sparse operand), relu and square stay in the graph
-  "triton 2:4"         2:4 activations (kernels/ffn_act24.py): the squared ReLU, 2:4 choice and
+  "triton 2:4"         2:4 activations (kernels/ffn_act24_cslt.py): the squared ReLU, 2:4 choice and
                        cuSPARSELt compression in one pass; F2 and B3 on cuSPARSELt with the activation
                        as the sparse operand where that measured faster than cuBLAS, else on cuBLAS
 The gather path needs V:N:M activations with V a multiple of 16, T a known multiple of V,

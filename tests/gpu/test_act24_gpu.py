@@ -1,4 +1,4 @@
-"""2:4 activations on cuSPARSELt (kernels/ffn_act24.py) on an sm90 GPU: the fused kernels bit for bit
+"""2:4 activations on cuSPARSELt (kernels/ffn_act24_cslt.py) on an sm90 GPU: the fused kernels bit for bit
 at full size (h_buf also against torch._cslt_compress), the op's output and gradients against the
 reference op and the oracle, and a compiled GPT that trains on it like on the reference kernels.
 Run by hand on H100/H200."""
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from sparse_compile import SparsityConfig
-from sparse_compile.kernels.act24_cslt_triton import (
+from sparse_compile.kernels.activation_select_24_triton import activation_24
+from sparse_compile.kernels.sqrelu_24_compress_triton import (
     sqrelu_24_backward,
     sqrelu_24_backward_ref,
     sqrelu_24_compress,
     sqrelu_24_compress_ref,
 )
-from sparse_compile.kernels.activation_24_triton import activation_24
 from sparse_compile.planning.plan import CSLT24
 
 from ..oracle import oracle_ffn

@@ -109,7 +109,7 @@ def test_f1_on_the_scoring_rows_at_the_2_7b_shape(score):
     norms a rounding apart may swap), and R~, H~ to bf16 rounding wherever the units agree."""
     import torch.nn.functional as F
 
-    from sparse_compile.kernels.chunk_score import f1_scored_chunks
+    from sparse_compile.kernels.chunk_score_triton import f1_scored_chunks
     from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
 
     t, d, h, c = 16384, 3072, 12288, 128

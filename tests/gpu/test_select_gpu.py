@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sparse_compile.kernels import transposable_24_mask
-from sparse_compile.kernels.activation_24_triton import activation_24, activation_24_ref
 from sparse_compile.kernels.activation_mask import vnm_compact_abs_ref, vnm_compact_ref
+from sparse_compile.kernels.activation_select_24_triton import activation_24, activation_24_ref
 from sparse_compile.kernels.activation_select_triton import ONCHIP_DEFAULT, vnm_select_abs, vnm_select_compact
 from sparse_compile.kernels.weight_mask_triton import sparsify_24_triton
 

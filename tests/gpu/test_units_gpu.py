@@ -8,7 +8,7 @@ import torch
 
 import sparse_compile
 from sparse_compile.clustering import cluster_units
-from sparse_compile.ops import units
+from sparse_compile.ops import unit_perms
 
 from ..test_backend import Stack
 
@@ -25,11 +25,11 @@ def test_recluster_fits_on_the_gpu(options):
     before = compiled(x).detach()
     with sparse_compile.probe_units(), torch.no_grad():
         compiled(x)
-    recorded = {name: site.profiles[0] for name, site in units._sites.items()}
+    recorded = {name: site.profiles[0] for name, site in unit_perms._sites.items()}
     assert {p.device.type for p in recorded.values()} == {"cuda"}
     assert sorted(sparse_compile.recluster()) == ["blocks.0", "blocks.1"]
     for name, p in recorded.items():
-        site = units._sites[name]
+        site = unit_perms._sites[name]
         assert site.perm.device.type == "cuda"
         assert torch.equal(torch.sort(site.perm).values.cpu(), torch.arange(128))
         m, c = site.pattern[2], site.chunk

@@ -2,7 +2,7 @@
 
 Forward, from Z [T, h] (F1's output, bias included): R = relu(Z), H = R^2 (rounded to Z's dtype),
 A = the 2:4 mask of H along h (2 largest of each group of 4, ties to the lower index: the rule of
-activation_24_triton.py), R~ = R * A, H~ = H * A. One pass writes
+activation_select_24_triton.py), R~ = R * A, H~ = H * A. One pass writes
   h_buf  the sm90 buffer of H~ [T, h/2 + h/16] (cslt_compress_triton.py's layout): F2's sparse operand
   r_buf  the sm90 buffer of R~: all backward keeps (0.56 T h elements, not T h)
 The positions a group stores are cuSPARSELt's for that tensor's nonzero set (cslt_compress_triton._KEPT),

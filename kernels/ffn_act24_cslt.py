@@ -2,7 +2,7 @@
 
 Same math as kernels/ffn_reference.py with the V:N:M pattern 1:2:4, GEMM by GEMM:
   F1  Z = X W1^T + b1               cuBLAS, or cuSPARSELt on W~1 (2:4 weights) given an algorithm id
-      h_buf, r_buf = compress(Z)    one pass: relu^2, the 2:4 choice, two sm90 buffers (act24_cslt_triton.py)
+      h_buf, r_buf = compress(Z)    one pass: relu^2, the 2:4 choice, two sm90 buffers (sqrelu_24_compress_triton.py)
   F2  Y = H~ W2^T + b2              cuSPARSELt, H~ the sparse operand (2:4 along h = K)
   B1  dH = dY W2                    cuBLAS (every entry of dH is computed; the kept half is used)
       dz_buf, dZ~, H~ = bwd(dH, r_buf)  one pass
@@ -17,9 +17,9 @@ cuBLAS over it, and B3 over the dense dZ~ the backward pass writes anyway.
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.act24_cslt_triton import sqrelu_24_backward, sqrelu_24_compress
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
+from sparse_compile.kernels.sqrelu_24_compress_triton import sqrelu_24_backward, sqrelu_24_compress
 from sparse_compile.kernels.transpose_triton import transpose_copy
 
 
