@@ -14,7 +14,6 @@ import torch
 from torch._dynamo.utils import counters
 from torch.fx import Node
 
-from sparse_compile.config import SparsityConfig
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
 from sparse_compile.passes.legality import (
     MIN_HIDDEN_REASON,
@@ -30,6 +29,7 @@ from sparse_compile.passes.legality import (
 from sparse_compile.passes.rewrite_ffn import rewrite_site
 from sparse_compile.passes.size_rule import small_site_reason
 from sparse_compile.planning.plan import plan_kernels
+from sparse_compile.schema import SparsityConfig
 
 __all__ = ["FFNMatch", "NearMiss", "SiteRecord", "copy_graph", "find_ffn_sites", "has_symbolic_shapes", "sparsify_ffns"]
 

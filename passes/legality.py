@@ -14,9 +14,9 @@ import torch
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false, is_concrete_int, statically_known_true
 
-from sparse_compile.config import SparsityConfig
 from sparse_compile.contract import DEVICES, FLOAT_DTYPES
 from sparse_compile.passes.find_ffn import FFNMatch
+from sparse_compile.schema import SparsityConfig
 
 
 def example_value(node: Node | None) -> torch.Tensor | None:

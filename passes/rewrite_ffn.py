@@ -13,9 +13,9 @@ import torch
 from torch.fx import Node
 
 import sparse_compile.ops  # noqa: F401  (registers torch.ops.sparse_compile)
-from sparse_compile.config import SparsityConfig
 from sparse_compile.passes.find_ffn import FFNMatch
 from sparse_compile.passes.legality import compute_dtype, example_value, weights_cast_inside
+from sparse_compile.schema import SparsityConfig
 
 _COPIED_META = ("stack_trace", "nn_module_stack")
 

@@ -5,13 +5,14 @@ importing this package is only needed for the phase guard, configs and reports.
 """
 
 from sparse_compile.backend import compile_reports, sparse_backend
-from sparse_compile.config import DEFAULT_PRESET, PRESETS, SparsityConfig
 from sparse_compile.explain import explain
 from sparse_compile.ops.routes import load_route_state, route_state
 from sparse_compile.ops.unit_perms import load_unit_permutations, probe_units, unit_permutations
 from sparse_compile.phase import PhaseSchedule, dense_phase, phase, set_phase
+from sparse_compile.presets import DEFAULT_PRESET, PRESETS
 from sparse_compile.refit import recluster, reset_units
 from sparse_compile.report import Report
+from sparse_compile.schema import SparsityConfig
 
 __all__ = [
     "DEFAULT_PRESET",

@@ -15,11 +15,12 @@ from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 import sparse_compile.phase as _phase
-from sparse_compile.config import BackendOptions, SparsityConfig
 from sparse_compile.dump import dump_compile
+from sparse_compile.options import BackendOptions
 from sparse_compile.passes import SiteRecord, copy_graph, has_symbolic_shapes, sparsify_ffns
 from sparse_compile.passes.size_rule import bounds_with_graphs, graphs_pay, uses_cuda_graphs
 from sparse_compile.report import Report
+from sparse_compile.schema import SparsityConfig
 
 _graph_ids = itertools.count()
 _reports: list[Report] = []

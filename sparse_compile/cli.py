@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from sparse_compile.config import BackendOptions
 from sparse_compile.explain import explain
+from sparse_compile.options import BackendOptions
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
 

@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from sparse_compile.backend import plan
-from sparse_compile.config import BackendOptions, SparsityConfig
+from sparse_compile.options import BackendOptions
 from sparse_compile.report import Report
+from sparse_compile.schema import SparsityConfig
 
 
 def _as_options(config: SparsityConfig | Mapping[str, Any] | str | None) -> BackendOptions:

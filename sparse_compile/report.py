@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-from sparse_compile.config import SparsityConfig
 from sparse_compile.passes import SiteRecord
 from sparse_compile.passes.size_rule import SMALL_REASON, graphs_pay, small_ffn_bound
+from sparse_compile.schema import SparsityConfig
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 HOST_HINT = (

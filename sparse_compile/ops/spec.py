@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_compile.config import parse_activation_pattern, parse_weight_grad
 from sparse_compile.contract import DEVICES, FLOAT_DTYPES, GATHER_GEMMS
+from sparse_compile.schema import parse_activation_pattern, parse_weight_grad
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from sparse_compile.config import SparsityConfig
 from sparse_compile.contract import DEVICES
+from sparse_compile.schema import SparsityConfig
 
 NO_HINT = "no example token count to measure at"
 GATHER = "triton gather"

@@ -1,0 +1,251 @@
+"""SparsityConfig: what the sparse phase computes (the schema and its validation).
+
+Its presets are in presets.py, the parsing of ``torch.compile(options=...)`` into it in options.py;
+sparse_compile.config re-exports the public names of all three.
+"""
+
+from dataclasses import dataclass
+
+WEIGHT_PATTERNS = ("2:4",)
+WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
+KERNEL_CHOICES = ("auto", "reference", "triton")
+SMALL_FFN_CHOICES = ("graphs", "dense", "sparse")
+_VNM_RULE = "'2:4' or 'V:N:M' (e.g. '64:2:8') with V >= 1, N in {1, 2, 4} and M a multiple of 4 larger than N"
+
+
+def parse_weight_grad(value: str) -> tuple[int, int, int] | None:
+    """'dense' -> None; 'tokens:V:N:M' -> (V, N, M). Raises ValueError naming the value, the part that
+    is wrong and the rule."""
+    if value == "dense":
+        return None
+    if not isinstance(value, str) or not value.startswith("tokens:"):
+        what = f"not a string ({type(value).__name__})" if not isinstance(value, str) else "not 'dense' or 'tokens:...'"
+        raise ValueError(f"SparsityConfig.weight_grad={value!r}: {what}; expected {WEIGHT_GRAD_RULE}")
+    try:
+        return _vnm(value.removeprefix("tokens:"), forms=(3,))
+    except ValueError as e:
+        raise ValueError(f"SparsityConfig.weight_grad={value!r}: {e}; expected {WEIGHT_GRAD_RULE}") from None
+
+
+def parse_activation_pattern(value: str) -> tuple[int, int, int]:
+    """'2:4' -> (1, 2, 4); 'V:N:M' -> (V, N, M). Raises ValueError naming the value, the part that is
+    wrong and the rule."""
+    try:
+        return _vnm(value, forms=(2, 3))
+    except ValueError as e:
+        raise ValueError(f"SparsityConfig.activations={value!r}: {e}; expected None, {_VNM_RULE}") from None
+
+
+def _vnm(value: object, forms: tuple[int, ...]) -> tuple[int, int, int]:
+    """(V, N, M) of 'V:N:M' (or of 'N:M', V = 1, where ``forms`` has 2). Raises ValueError saying which
+    part is wrong and what it may be, without the value (the callers name it)."""
+    if not isinstance(value, str):
+        raise ValueError(f"not a string ({type(value).__name__})")
+    parts = value.strip().split(":")
+    if len(parts) not in forms:
+        shapes = " or ".join({2: "2 (N:M, e.g. '2:4')", 3: "3 (V:N:M, e.g. '64:2:8')"}[f] for f in forms)
+        raise ValueError(f"{len(parts)} part(s) separated by ':', not {shapes}")
+    names = ("V", "N", "M")[3 - len(parts) :]
+    nums = []
+    for name, part in zip(names, parts, strict=True):
+        try:
+            nums.append(int(part))
+        except ValueError:
+            raise ValueError(f"{name}={part.strip()!r} is not an integer") from None
+    v, n, m = [1, *nums] if len(nums) == 2 else nums
+    if v < 1:
+        raise ValueError(f"V={v} must be >= 1")
+    if n not in (1, 2, 4):
+        raise ValueError(f"N={n} must be 1, 2 or 4")
+    if m % 4 or m <= n:
+        raise ValueError(f"M={m} must be a multiple of 4 larger than N={n}")
+    return v, n, m
+
+
+@dataclass(frozen=True)
+class SparsityConfig:
+    """What is sparse in the sparse phase (docs/design.md, "Semantics").
+
+    weights: None or "2:4" (transposable 2:4 magnitude mask of W1 and W2, straight-through grads).
+    activations: None, "2:4" (along the hidden dim) or "V:N:M" (e.g. "64:2:8").
+    weight_grad: "dense": B2 = dY^T H~ and B4 = dZ^T X exact; or "tokens:V:N:M": their operand (H~, dZ)
+        made V:N:M-sparse along tokens (kernels/weight_grad_approx.py), an approximation; on the
+        gather kernels when V % 16 == 0. It is slower than the exact product and its gradients
+        deviate from the exact ones: for experiments, not for speed.
+    weight_grad_dense_frac: with "tokens:...", the fraction of hidden units (the densest) kept exact.
+    chunk: hidden units per kept column of a V:N:M pattern ("neuron chunks", kernels/activation_mask.py):
+        each block of V tokens keeps 4 of every M chunks of ``chunk`` adjacent units. 1 (default) is
+        the plain pattern; > 1 makes the weight gradients block-sparse along tokens. Needs V:N:M
+        activations with V > 1, and hidden % (M * chunk) == 0 at a site; where it is not, a site takes
+        the largest chunk / 2**k >= 16 that divides (the report names it), else stays dense.
+    causal: a V:N:M block (V > 1) chooses its kept columns from the tokens before it (the previous
+        block of its sequence; a sequence's first block from its first token), so no token's output
+        depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
+        dim (a 2-D x is one sequence); its length must be a multiple of V at the site. False
+        (default): a block's columns come from all of its V tokens, later ones included.
+    score_rows: with ``causal`` and ``chunk`` > 1, the rows of the previous block whose norms choose
+        a block's chunks: its last ``score_rows`` tokens (1 <= score_rows <= V). None: all V (the
+        field's default; the "chunked" preset, backend="sparse"'s default, has 16). Under V (and
+        N = 4), the forward computes Z = X W1^T + b1 in full only on those rows (and each
+        sequence's first token) and on the kept chunks of every row (the gather GEMM;
+        kernels/chunk_score_triton.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
+        of 128, keep 1/4); the choice sees fewer tokens.
+    permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
+        backend per site (identity at first; sparse_compile.recluster() refits it from the
+        activations recorded under sparse_compile.probe_units(); sparse_compile/ops/unit_perms.py), so that
+        a block's kept groups and chunks cover more of H. The dense function, the parameters and
+        the state dict are unchanged.
+    routes: None, or G >= 2 groups of routed tokens (kernels/routing.py): each token keeps the units of
+        one of G fixed sets of chunks (4 of every M chunks), chosen by a router from its own input,
+        instead of sharing a block's choice; causal by construction. Needs V:4:M activations with
+        V > 1 in chunks (chunk > 1), causal=False, score_rows None and permute False (a routed site
+        keeps its own permutation). The groups and the router are fitted from the samples recorded
+        under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
+    kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
+        time, else the reference; sparse_compile/planning/plan.py),
+        "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
+    min_hidden: FFNs with a smaller hidden size stay dense.
+    small_ffn: CUDA sites too small to pay, by a size rule on T x d x h (sparse_compile/passes/
+        size_rule.py). "graphs" (default): a site that pays only with CUDA graphs runs sparse and its
+        graph runs as CUDA graphs in both phases, where that is possible (size_rule.py says where
+        not); smaller sites stay dense, and the report says so per site. "dense": they stay dense
+        and nothing turns CUDA graphs on. "sparse": they run sparse anyway.
+    masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
+    weight_copies: under autocast, float32 weights reach the sparse op as compute-dtype copies.
+        "keep" (the field's default, as dense autocast does): forward's copies stay alive until
+        backward; the "chunked" preset (backend="sparse"'s default) has "recompute".
+        "recompute": the op gets the float32 weights and casts them itself, forward and again in
+        backward, so no copy stays alive between them: 2 bytes per FFN weight less peak memory for
+        one more cast of W1 and W2 per backward. Needs weights=None: 2:4 weights are masked copies.
+    """
+
+    weights: str | None = None
+    activations: str | None = None
+    weight_grad: str = "dense"
+    weight_grad_dense_frac: float = 0.02
+    kernels: str = "auto"
+    chunk: int = 1
+    causal: bool = False
+    score_rows: int | None = None
+    permute: bool = False
+    routes: int | None = None
+    min_hidden: int = 0
+    small_ffn: str = "graphs"
+    masked_decay: float = 0.0
+    weight_copies: str = "keep"
+
+    def __post_init__(self) -> None:
+        if self.weights is not None and self.weights not in WEIGHT_PATTERNS:
+            raise ValueError(f"SparsityConfig.weights={self.weights!r}: expected None or '2:4'")
+        if self.activations is not None:
+            parse_activation_pattern(self.activations)
+        parse_weight_grad(self.weight_grad)
+        frac = self.weight_grad_dense_frac
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+            raise ValueError(f"SparsityConfig.weight_grad_dense_frac={frac!r}: expected a float in [0, 1]")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"SparsityConfig.chunk={self.chunk!r}: expected an int >= 1 (units per kept column)")
+        # chunk, causal and permute act on the blocks of V > 1 tokens of a V:N:M pattern
+        no_blocks = self.activations is None or parse_activation_pattern(self.activations)[0] == 1
+        if self.chunk > 1 and no_blocks:
+            raise ValueError(
+                f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1; "
+                f"got activations={self.activations!r}"
+            )
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"SparsityConfig.causal={self.causal!r}: expected True or False")
+        if self.causal and no_blocks:
+            raise ValueError(
+                f"SparsityConfig.causal=True needs V:N:M activations with V > 1 (2:4 and V = 1 choose per "
+                f"token and are causal already); got activations={self.activations!r}"
+            )
+        if self.score_rows is not None:
+            v = None if no_blocks else parse_activation_pattern(self.activations)[0]
+            sr = self.score_rows
+            bad = isinstance(sr, bool) or not isinstance(sr, int) or not 1 <= sr <= (v or 0)
+            if bad or not self.causal or self.chunk < 2:
+                raise ValueError(
+                    f"SparsityConfig.score_rows={sr!r}: expected None or an int in [1, V] (V={v}) with causal=True "
+                    f"and chunk > 1 (causal={self.causal!r}, chunk={self.chunk}, activations={self.activations!r})"
+                )
+        if not isinstance(self.permute, bool):
+            raise ValueError(f"SparsityConfig.permute={self.permute!r}: expected True or False")
+        if self.permute and no_blocks:
+            raise ValueError(
+                f"SparsityConfig.permute=True needs V:N:M activations with V > 1; got activations={self.activations!r}"
+            )
+        if self.routes is not None:
+            self._check_routes()
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
+        if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
+            raise ValueError(f"SparsityConfig.min_hidden={self.min_hidden!r}: expected an int >= 0")
+        if self.small_ffn not in SMALL_FFN_CHOICES:
+            raise ValueError(f"SparsityConfig.small_ffn={self.small_ffn!r}: expected one of {SMALL_FFN_CHOICES}")
+        if isinstance(self.masked_decay, bool) or not isinstance(self.masked_decay, (int, float)):
+            raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
+        if not self.masked_decay >= 0.0:
+            raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
+        if self.masked_decay and self.weights is None:
+            raise ValueError(
+                f"SparsityConfig.masked_decay={self.masked_decay!r} needs weights='2:4' (it decays the pruned weights)"
+            )
+        if self.weights is None and self.activations is None:
+            raise ValueError("SparsityConfig: weights=None and activations=None leave nothing sparse; set one")
+        if self.weight_copies not in ("keep", "recompute"):
+            raise ValueError(f"SparsityConfig.weight_copies={self.weight_copies!r}: expected 'keep' or 'recompute'")
+        if self.weight_copies == "recompute" and self.weights is not None:
+            raise ValueError(
+                f"SparsityConfig.weight_copies='recompute' needs weights=None; got weights={self.weights!r} (2:4 "
+                "weights reach the op as masked copies, not parameters)"
+            )
+
+    def _check_routes(self) -> None:
+        g = self.routes
+        if isinstance(g, bool) or not isinstance(g, int) or not 2 <= g <= 1024:
+            raise ValueError(f"SparsityConfig.routes={g!r}: expected None or an int in [2, 1024] (groups of units)")
+        pattern = None if self.activations is None else parse_activation_pattern(self.activations)
+        if pattern is None or pattern[0] == 1 or pattern[1] != 4 or self.chunk < 2:
+            raise ValueError(
+                f"SparsityConfig.routes={g} needs V:4:M activations with V > 1 in chunks (chunk > 1): a routed "
+                f"token keeps whole chunks; got activations={self.activations!r}, chunk={self.chunk}"
+            )
+        clash = {k: v for k, v in (("causal", self.causal), ("score_rows", self.score_rows), ("permute", self.permute))
+                 if v not in (False, None)}  # fmt: skip
+        if clash:
+            raise ValueError(
+                f"SparsityConfig.routes={g}: routing chooses per token from its own input (causal by construction) "
+                f"and keeps its own unit permutation; set causal=False, score_rows=None, permute=False, got {clash}"
+            )
+
+    @property
+    def activation_pattern(self) -> tuple[int, int, int] | None:
+        """(V, N, M) of the activation pattern, or None."""
+        return None if self.activations is None else parse_activation_pattern(self.activations)
+
+    @classmethod
+    def preset(cls, name: str) -> "SparsityConfig":
+        """A named recipe: 'chunked' (the default: causal 128:4:16 in chunks of 128 units), 'chunked-half'
+        (causal 128:4:8 in chunks of 64), or a paper's:
+        'activation24' (Haziza), 'weight24' (Hu), 'venom' (Madhyastha)."""
+        from sparse_compile.presets import PRESETS  # presets.py builds on this module
+
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ValueError(f"SparsityConfig preset={name!r}: expected one of {sorted(PRESETS)}")
+        return PRESETS[name]
+
+    @property
+    def weight_grad_pattern(self) -> tuple[int, int, int] | None:
+        """(V, N, M) of the token-dim weight-gradient pattern, or None (exact)."""
+        return parse_weight_grad(self.weight_grad)
+
+    def op_spec(self) -> str:
+        """The string the custom op receives: 'weights=..;activations=..;kernels=..;weight_grad=..;dense_frac=..'."""
+        return (
+            f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels};"
+            f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
+            + (f";chunk={self.chunk}" if self.chunk > 1 else "")
+            + (";causal=1" if self.causal else "")
+            + (f";score={self.score_rows}" if self.score_rows is not None else "")
+            + (f";routes={self.routes}" if self.routes is not None else "")
+        )
