@@ -9,7 +9,8 @@
 | linear_24                             | linear_24.py        | kernels/cslt_linear.py (2:4 weights alone) |
 | sqrelu_ffn_routed, _backward            | ffn_routed.py       | kernels/ffn_routed.py (routed tokens) |
 
-The spec string every FFN op receives, the input checks and the autograd glue are in spec.py.
+The spec string every FFN op receives, the preamble every op shares (forward_operands, backward_operands:
+input checks, casts, reshapes, permutation) and the autograd glue are in spec.py.
 Which op a site gets is decided by sparse_compile/planning/plan.py; importing this package registers all.
 """
 

@@ -12,11 +12,11 @@ import torch
 
 from sparse_compile.ops.spec import (
     OpSpec,
-    check_inputs,
+    backward_operands,
     ffn_autograd,
     ffn_setup,
+    forward_operands,
     grads_like,
-    in_dtype,
     parse_spec,
 )
 
@@ -41,9 +41,7 @@ def sqrelu_ffn_24(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from sparse_compile.kernels.ffn_act24_cslt import sqrelu_ffn_forward_24  # Triton: imported when used
 
-    check_inputs(x, w1, w2, b1, b2)
-    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
-    x2 = x.reshape(-1, x.shape[-1])
+    _, x2, w1, b1, w2, b2 = forward_operands(x, w1, b1, w2, b2, spec)
     op = _act24_of(spec, x2.shape[0])
     y, r_buf = sqrelu_ffn_forward_24(x2, w1, b1, w2, b2, op.act24_alg, op.f1_alg)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_buf
@@ -62,10 +60,8 @@ def sqrelu_ffn_24_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from sparse_compile.kernels.ffn_act24_cslt import sqrelu_ffn_backward_24
 
-    x2 = x.reshape(-1, x.shape[-1])
+    dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2)
     op = _act24_of(spec, x2.shape[0])
-    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-    w1c, w2c = in_dtype(dy, w1, w2)
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_24(
         dy2, x2, w1c, w2c, r_buf, op.act24_alg, op.weight_grad, op.dense_frac
     )

@@ -15,13 +15,15 @@ from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_r
 from sparse_compile.ops import unit_perms
 from sparse_compile.ops.spec import (
     activation_pattern_for,
+    backward_operands,
     causal_seq,
-    check_inputs,
     ffn_autograd,
     ffn_setup,
+    forward_operands,
     grads_like,
-    in_dtype,
     parse_spec,
+    permuted_weights,
+    site_perm,
 )
 
 
@@ -34,14 +36,10 @@ def sqrelu_ffn(
     b2: torch.Tensor | None,
     spec: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_inputs(x, w1, w2, b1, b2)
-    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
-    x2 = x.reshape(-1, x.shape[-1])
-    op = parse_spec(spec)
+    op, x2, w1, b1, w2, b2 = forward_operands(x, w1, b1, w2, b2, spec)
     pattern = activation_pattern_for(op, x2.shape[0])
     seq = causal_seq(op, x) if pattern is not None else None
-    if op.units is not None and pattern is not None:
-        w1, b1, w2 = unit_perms.forward_weights(op.units, op.activations, op.chunk, x2, w1, b1, w2)
+    w1, b1, w2 = permuted_weights(op, pattern, x2, w1, b1, w2)
     y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score)
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
@@ -56,14 +54,10 @@ def _(x, w1, b1, w2, b2, spec):
 def sqrelu_ffn_backward(
     dy: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, r_masked: torch.Tensor, spec: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dy2 = dy.reshape(-1, dy.shape[-1])
     op = parse_spec(spec)
-    dense_h = activation_pattern_for(op, dy2.shape[0]) is None
-    perm = None if op.units is None or dense_h else unit_perms.site_perm(op.units, op.activations, op.chunk, x.device)
-    w1c, _, w2c = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
-    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
-        dy2, x.reshape(-1, x.shape[-1]), w1c, w2c, r_masked, op.weight_grad, op.dense_frac
-    )
+    perm = site_perm(op, activation_pattern_for(op, math.prod(dy.shape[:-1])), x.device)
+    dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2, perm)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(dy2, x2, w1c, w2c, r_masked, op.weight_grad, op.dense_frac)
     dw1, db1, dw2 = unit_perms.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 

@@ -16,7 +16,7 @@ import torch
 from sparse_compile.kernels import sqrelu_ffn_backward_ref
 from sparse_compile.kernels.routing import routed_blocks, routed_ffn_ref
 from sparse_compile.ops import routes, unit_perms
-from sparse_compile.ops.spec import check_inputs, ffn_autograd, ffn_setup, grads_like, in_dtype, parse_spec
+from sparse_compile.ops.spec import backward_operands, ffn_autograd, ffn_setup, forward_operands, grads_like, parse_spec
 
 
 def _site(spec: str) -> tuple[routes.RouteSite, tuple[int, int, int], int, bool]:
@@ -35,9 +35,7 @@ def sqrelu_ffn_routed(
     b2: torch.Tensor | None,
     spec: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_inputs(x, w1, w2, b1, b2)
-    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
-    x2 = x.reshape(-1, x.shape[-1])
+    _, x2, w1, b1, w2, b2 = forward_operands(x, w1, b1, w2, b2, spec)
     s, (v, _, _), chunk, gather = _site(spec)
     routes.record(s, x2, w1, b1)
     routes.prepare(s, w1, b1)
@@ -80,9 +78,7 @@ def sqrelu_ffn_routed_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     s, (v, _, m), chunk, gather = _site(spec)
     perm = None if s.perm is None else s.perm.to(x.device)
-    w1c, _, w2c = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
-    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-    x2 = x.reshape(-1, x.shape[-1])
+    dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2, perm)
     if gather:
         from sparse_compile.kernels.ffn_routed import sqrelu_ffn_backward_routed
 

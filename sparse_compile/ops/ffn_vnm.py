@@ -12,13 +12,15 @@ import torch
 
 from sparse_compile.ops import unit_perms
 from sparse_compile.ops.spec import (
+    backward_operands,
     causal_seq,
-    check_inputs,
     ffn_autograd,
     ffn_setup,
+    forward_operands,
     grads_like,
-    in_dtype,
     parse_spec,
+    permuted_weights,
+    site_perm,
 )
 
 
@@ -40,13 +42,9 @@ def sqrelu_ffn_vnm(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from sparse_compile.kernels.ffn_gather import sqrelu_ffn_forward_gather  # Triton: imported when used
 
-    check_inputs(x, w1, w2, b1, b2)
-    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
-    x2 = x.reshape(-1, x.shape[-1])
+    op, x2, w1, b1, w2, b2 = forward_operands(x, w1, b1, w2, b2, spec)
     v, n, m = _vnm_of(spec, x2.shape[0])
-    op = parse_spec(spec)
-    if op.units is not None:
-        w1, b1, w2 = unit_perms.forward_weights(op.units, (v, n, m), op.chunk, x2, w1, b1, w2)
+    w1, b1, w2 = permuted_weights(op, (v, n, m), x2, w1, b1, w2)
     y, r_c, ids = sqrelu_ffn_forward_gather(
         x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x), op.score
     )
@@ -77,12 +75,10 @@ def sqrelu_ffn_vnm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather
 
-    x2 = x.reshape(-1, x.shape[-1])
-    v, n, m = _vnm_of(spec, x2.shape[0])
+    v, n, m = _vnm_of(spec, math.prod(x.shape[:-1]))
     op = parse_spec(spec)
-    perm = None if op.units is None else unit_perms.site_perm(op.units, (v, n, m), op.chunk, x.device)
-    w1c, _, w2c = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
-    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # the gather-N GEMM reads dY rows
+    perm = site_perm(op, (v, n, m), x.device)
+    dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2, perm)
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
         dy2, x2, w1c, w2c, r_c, ids, v, m, op.weight_grad, op.dense_frac, op.dense_gemms, op.chunk
     )

@@ -1,4 +1,5 @@
-"""What every FFN op shares: the spec string each op receives, input checks, and the autograd glue.
+"""What every FFN op shares: the spec string each op receives, the op preamble (input checks, casts,
+reshapes, the site's permutation), and the autograd glue.
 
 The spec (SparsityConfig.op_spec plus planning.plan.KernelPlan.spec_suffix) is a string so that the
 ops stay opaque to Dynamo and AOTAutograd: 'weights=2:4;activations=64:2:8;kernels=auto;...'.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sparse_compile.contract import DEVICES, FLOAT_DTYPES, GATHER_GEMMS
+from sparse_compile.ops import unit_perms
 from sparse_compile.schema import parse_activation_pattern, parse_weight_grad
 
 
@@ -91,6 +93,35 @@ def in_dtype(like: torch.Tensor, *params: torch.Tensor | None) -> tuple[torch.Te
     ffn_setup keeps (2 + 4 bytes read and written per element), instead of keeping the copies alive
     from forward to backward (2 bytes per element: 1.6 GB at 1.3B, 24 sites)."""
     return tuple(None if p is None else p.to(like.dtype) for p in params)
+
+
+def forward_operands(x: torch.Tensor, w1, b1, w2, b2, spec: str) -> tuple:
+    """The preamble of every FFN op's forward: the inputs checked (check_inputs), the parameters in x's
+    dtype (in_dtype), x as [T, d], the spec parsed. -> (op, x2, w1, b1, w2, b2)"""
+    check_inputs(x, w1, w2, b1, b2)
+    w1, b1, w2, b2 = in_dtype(x, w1, b1, w2, b2)
+    return parse_spec(spec), x.reshape(-1, x.shape[-1]), w1, b1, w2, b2
+
+
+def permuted_weights(op: OpSpec, pattern: tuple[int, int, int] | None, x2: torch.Tensor, w1, b1, w2) -> tuple:
+    """(W1[p], b1[p], W2[:, p]) for the permutation p of the op's site (ops/unit_perms.py; recording
+    this call's profiles while probing); the weights as they are without units or a pattern."""
+    if op.units is None or pattern is None:
+        return w1, b1, w2
+    return unit_perms.forward_weights(op.units, pattern, op.chunk, x2, w1, b1, w2)
+
+
+def site_perm(op: OpSpec, pattern: tuple[int, int, int] | None, device: torch.device) -> torch.Tensor | None:
+    """The permutation of the op's site on ``device``; None (identity) without units or a pattern."""
+    return None if op.units is None or pattern is None else unit_perms.site_perm(op.units, pattern, op.chunk, device)
+
+
+def backward_operands(dy: torch.Tensor, x: torch.Tensor, w1, w2, perm: torch.Tensor | None = None) -> tuple:
+    """The preamble of every FFN op's backward: dY (contiguous: the GEMMs read its rows) and x as
+    [T, *], the weights in dY's dtype and permuted by ``perm`` (None: the units' own order).
+    -> (dy2, x2, w1, w2)"""
+    w1, _, w2 = unit_perms.permute(*in_dtype(dy, w1, None, w2), perm)
+    return dy.reshape(-1, dy.shape[-1]).contiguous(), x.reshape(-1, x.shape[-1]), w1, w2
 
 
 @functools.cache
