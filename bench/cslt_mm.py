@@ -21,7 +21,7 @@ from tabulate import tabulate
 from bench.env import write_csv
 from bench.gpu_timing import start_gpu_bench, sweep_tilings
 from sparse_compile.kernels.cslt_compress_triton import cslt_compress_triton, random_24
-from sparse_compile.planning.f1_choice import MAX_ALGS
+from sparse_compile.planning.measure import MAX_ALGS
 
 
 def bench_shape(t: int, d: int, h: int, git: str, ceiling: float) -> list[dict]:

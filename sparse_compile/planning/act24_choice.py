@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from sparse_compile.planning.f1_choice import MAX_ALGS, none_usable, too_slow
-from sparse_compile.planning.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
+from sparse_compile.planning.measure import fastest_cslt_alg, interleaved_ratio, one_call_ms
 
 
 @dataclass(frozen=True)
@@ -51,26 +50,14 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     del z
     want = masked @ w  # cuBLAS, every row: an algorithm may go wrong in some row blocks only
     dense_ms = one_call_ms(lambda: masked @ w)
-    best: tuple[float, int] | None = None
-    wrong = slow = 0
-    for alg in range(MAX_ALGS):
-        try:
-            got = torch._cslt_sparse_mm(h_buf, w, alg_id=alg)
-        except RuntimeError:
-            break
-        if got.shape != (tokens, d) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
-            wrong += 1
-            continue
-        call = lambda a=alg: torch._cslt_sparse_mm(h_buf, w, alg_id=a)  # noqa: E731
-        if too_slow(call, dense_ms):
-            slow += 1
-            continue
-        ms = back_to_back_ms(call)
-        if best is None or ms < best[0]:
-            best = (ms, alg)
-    if best is None:
-        return Act24Choice(None, 0.0, f"F2, B3 on cuBLAS: {none_usable(wrong, slow)}")
-    alg = best[1]
+    alg, none_why = fastest_cslt_alg(
+        lambda a: torch._cslt_sparse_mm(h_buf, w, alg_id=a),
+        lambda a: torch._cslt_sparse_mm(h_buf, w, alg_id=a),
+        want,
+        dense_ms,
+    )
+    if alg is None:
+        return Act24Choice(None, 0.0, f"F2, B3 on cuBLAS: {none_why}")
     ratio = interleaved_ratio(lambda: masked @ w, lambda: torch._cslt_sparse_mm(h_buf, w, alg_id=alg))
     if ratio >= 1:
         return Act24Choice(alg, ratio, f"F2, B3 on cuSPARSELt alg {alg}: {ratio:.2f}x cuBLAS measured at this shape")

@@ -20,21 +20,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from sparse_compile.kernels.cslt_linear import cslt_linear
-from sparse_compile.planning.measure import back_to_back_ms, interleaved_ratio, max_rel_err, one_call_ms
-
-MAX_ALGS = 32  # an upper bound on cuSPARSELt's algorithm ids; the search stops at the first refused
-SLOW, SLOW_FLOOR_MS = 4.0, 10.0  # see too_slow
-
-
-def too_slow(call, dense_ms: float) -> bool:
-    """One call of a cuSPARSELt algorithm over max(4x cuBLAS, 10 ms): not worth timing 28 calls (some
-    algorithms are pathologically slow; the 10 ms floor keeps a small GEMM, whose single call is
-    dominated by cuSPARSELt's per-call host setup that back-to-back timing hides, in the search)."""
-    return one_call_ms(call) > max(SLOW * dense_ms, SLOW_FLOOR_MS)
-
-
-def none_usable(wrong: int, slow: int) -> str:
-    return f"no cuSPARSELt algorithm both right and fast enough to time ({wrong} wrong, {slow} over 4x cuBLAS)"
+from sparse_compile.planning.measure import back_to_back_ms, fastest_cslt_alg, interleaved_ratio
 
 
 @dataclass(frozen=True)
@@ -72,27 +58,15 @@ def _measure(device: torch.device, dtype: torch.dtype, tokens: int, d: int, h: i
     b = torch.randn(h, device=device, generator=g).to(dtype)
     want = F.linear(x, w, b)  # cuBLAS, every row: an algorithm may go wrong in some row blocks only
     dense_ms = back_to_back_ms(lambda: F.linear(x, w, b))
-    best: tuple[float, int] | None = None
-    wrong = slow = 0
     wc = cslt_compress(w)
-    for alg in range(MAX_ALGS):
-        try:
-            got = torch._cslt_sparse_mm(wc, x.t(), bias=b, transpose_result=True, alg_id=alg)
-        except RuntimeError:
-            break
-        if got.shape != (tokens, h) or max_rel_err(got, want) > 2e-2:  # bf16 rounding: ~4e-3
-            wrong += 1
-            continue
-        call = lambda a=alg: cslt_linear(x, w, b, a)  # noqa: E731  (compression included, as it runs)
-        if too_slow(call, dense_ms):
-            slow += 1
-            continue
-        ms = back_to_back_ms(call)
-        if best is None or ms < best[0]:
-            best = (ms, alg)
-    if best is None:
-        return F1Choice(None, f"F1 cuBLAS: {none_usable(wrong, slow)}")
-    alg = best[1]
+    alg, none_why = fastest_cslt_alg(
+        lambda a: torch._cslt_sparse_mm(wc, x.t(), bias=b, transpose_result=True, alg_id=a),
+        lambda a: cslt_linear(x, w, b, a),  # compression included, as it runs
+        want,
+        dense_ms,
+    )
+    if alg is None:
+        return F1Choice(None, f"F1 cuBLAS: {none_why}")
     ratio = interleaved_ratio(lambda: F.linear(x, w, b), lambda: cslt_linear(x, w, b, alg))
     if ratio >= 1:
         return F1Choice(alg, f"F1 cuSPARSELt alg {alg} ({ratio:.2f}x cuBLAS measured, compression included)")
