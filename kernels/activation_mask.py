@@ -14,7 +14,7 @@ sparse along tokens (kernels/chunk_wgrad_triton.py).
 
 Causal patterns (``seq``, tokens per sequence, a multiple of V): the 4 chunks a block keeps are
 chosen from the tokens before it, so no token's output depends on a later token. Block j > 0 of
-a sequence is scored by the norms of block j - 1 (with ``score`` S < V: of its last S rows only,
+a sequence is scored by the norms of block j - 1 (with ``score_rows`` S < V: of its last S rows only,
 the tokens right before block j); a sequence's first block by its first token's row alone.
 Scoring on S rows lets a forward compute Z = X W1^T + b1 in full only on those rows and the kept
 chunks elsewhere (kernels/chunk_score_triton.py): the chunks of block j are known before its Z is.
@@ -32,17 +32,18 @@ import torch
 
 
 def _check(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
 ) -> None:
     if seq is not None and (seq < v or seq % v or h.shape[0] % seq):
         raise ValueError(
             f"vnm: causal pattern with sequences of {seq} tokens: needs a multiple of V={v} that divides T={h.shape[0]}"
         )
-    if score is not None and (
-        seq is None or isinstance(score, bool) or not isinstance(score, int) or not 1 <= score <= v
+    if score_rows is not None and (
+        seq is None or isinstance(score_rows, bool) or not isinstance(score_rows, int) or not 1 <= score_rows <= v
     ):
         raise ValueError(
-            f"vnm: score={score!r} rows of the previous block: needs a causal pattern (seq) and 1 <= score <= V={v}"
+            f"vnm: score_rows={score_rows!r} rows of the previous block: needs a causal pattern (seq) and "
+            f"1 <= score_rows <= V={v}"
         )
     if h.dim() != 2:
         raise ValueError(f"vnm: expected a 2-D activation [T, F], got shape {tuple(h.shape)}")
@@ -67,16 +68,16 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def block_scores(
-    h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+    h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
 ) -> torch.Tensor:
     """The float32 L1 norm [T/V, F/(M c), M] each block ranks its chunks by: over its own V tokens,
-    or (causal, ``seq``) over the previous block of its sequence (its last ``score`` rows when
+    or (causal, ``seq``) over the previous block of its sequence (its last ``score_rows`` rows when
     given) / its first token's row."""
     t, f = h.shape
     blocks = h.reshape(t // v, v, f // (m * c), m, c)
     if seq is None:
         return blocks.sum(dim=(1, 4), dtype=torch.float32)
-    own = blocks[:, v - (score or v) :].sum(dim=(1, 4), dtype=torch.float32)
+    own = blocks[:, v - (score_rows or v) :].sum(dim=(1, 4), dtype=torch.float32)
     first = blocks[:, 0].sum(dim=-1, dtype=torch.float32)
     previous = torch.cat([first[:1], own[:-1]])
     starts = (torch.arange(t // v, device=h.device) % (seq // v) == 0)[:, None, None]
@@ -84,14 +85,14 @@ def block_scores(
 
 
 def _vnm(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [T/V, F/(M c), M]: the 4 chunks of largest float32 L1 norm per V x M-chunk block
     (block_scores), keep [T/V, V, F/(M c), M, c]: the V:N:M mask)."""
-    _check(h, v, n, m, c, seq, score)
+    _check(h, v, n, m, c, seq, score_rows)
     t, f = h.shape
     blocks = h.reshape(t // v, v, f // (m * c), m, c)
-    chosen = top_k_mask(block_scores(h, v, m, c, seq, score), 4)
+    chosen = top_k_mask(block_scores(h, v, m, c, seq, score_rows), 4)
     if n == 4:
         return chosen, chosen[:, None, :, :, None].expand(blocks.shape)
     # N rounds of argmax over the M chunks at each row and offset, unchosen chunks at -inf: argmax
@@ -106,16 +107,16 @@ def _vnm(
 
 
 def vnm_mask(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
 ) -> torch.Tensor:
     """Boolean mask [T, F] of the V:N:M pattern of ``h`` with c-unit chunks, causal over sequences of
-    ``seq`` tokens when given, scored on the last ``score`` rows of the previous block when given
+    ``seq`` tokens when given, scored on the last ``score_rows`` rows of the previous block when given
     (see module docstring)."""
-    return _vnm(h, v, n, m, c, seq, score)[1].reshape(h.shape)
+    return _vnm(h, v, n, m, c, seq, score_rows)[1].reshape(h.shape)
 
 
 def vnm_select(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score: int | None = None
+    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept chunks and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
 
@@ -123,7 +124,7 @@ def vnm_select(
     ascending; and ``keep`` bool [T, F/(M c), 4 c]: which of those 4 each row keeps at each
     offset o (entry j c + o for chunk j; N per row and offset).
     """
-    chosen, mask = _vnm(h, v, n, m, c, seq, score)
+    chosen, mask = _vnm(h, v, n, m, c, seq, score_rows)
     t, f = h.shape
     g = f // (m * c)
     ids = torch.arange(m, device=h.device).expand_as(chosen)
@@ -140,7 +141,7 @@ def vnm_compact_ref(
     m: int,
     c: int = 1,
     seq: int | None = None,
-    score: int | None = None,
+    score_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The compact V:N:M form of H = relu(z + bias)^2 (z [T, F], bias [F] or None), in z's dtype.
 
@@ -151,7 +152,7 @@ def vnm_compact_ref(
     """
     r = torch.relu(z if bias is None else z + bias)
     h = r * r
-    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c, seq, score)
+    (h_c, r_c), ids = _compact(h, (h, r), v, n, m, c, seq, score_rows)
     return h_c, r_c, ids
 
 
@@ -170,11 +171,11 @@ def _compact(
     m: int,
     c: int = 1,
     seq: int | None = None,
-    score: int | None = None,
+    score_rows: int | None = None,
 ):
     """Each of ``values`` at the kept places of the V:N:M pattern of ``ranked`` (compact, 0 where a
     row drops the entry), and the int32 ids of the compact columns."""
-    cols, keep = vnm_select(ranked, v, n, m, c, seq, score)
+    cols, keep = vnm_select(ranked, v, n, m, c, seq, score_rows)
     t, f = ranked.shape
     g = torch.arange(f // (m * c), device=ranked.device)[:, None, None] * (m * c)
     ids = (g + cols[..., None] * c + torch.arange(c, device=ranked.device)).reshape(t // v, f * 4 // m)

@@ -7,7 +7,7 @@ bias, v, n, m, c), which this matches value for value (the float32 norm sums may
 order, so a near-tie between chunk norms may resolve differently).
 
 Causal (``seq``, tokens per sequence): pass 1 scores the previous block of the sequence instead
-(its last ``score`` rows when given; a sequence's first block: its first row alone), as the
+(its last ``score_rows`` rows when given; a sequence's first block: its first row alone), as the
 reference's block_scores does; pass 2 is unchanged. The bytes read stay at most 1.25 x Z: each
 block's rows are scored by the next block's program.
 
@@ -146,11 +146,11 @@ def vnm_select_chunks(
     c: int,
     seq: int | None = None,
     tiling: tuple[int, int, int] | None = None,
-    score: int | None = None,
+    score_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h_c [T, h*4/M], r_c [T, h*4/M], ids int32 [T/V, h*4/M]) of z [T, h] (+ bias), as
-    vnm_compact_ref(z, bias, v, n, m, c, seq, score) lays them out; ``seq``: causal over sequences
-    of that many tokens, ``score``: scored on the previous block's last that many rows;
+    vnm_compact_ref(z, bias, v, n, m, c, seq, score_rows) lays them out; ``seq``: causal over sequences
+    of that many tokens, ``score_rows``: scored on the previous block's last that many rows;
     ``tiling``: (rows of pass 1, rows of pass 2, warps), powers of two dividing V (None:
     select_tiling(m, c))."""
     if z.dtype not in _DTYPES or (bias is not None and bias.dtype != z.dtype):
@@ -161,7 +161,7 @@ def vnm_select_chunks(
             f"vnm_select_chunks: pattern {v}:{n}:{m} in chunks of {c} on z {tuple(z.shape)}: needs V % 16 == 0, "
             "M*c a power of two, N in (1, 2, 4), T % V == 0 and h % (M*c) == 0"
         )
-    _check(z, v, n, m, c, seq, score)  # the reference's checks, the causal sequence length among them
+    _check(z, v, n, m, c, seq, score_rows)  # the reference's checks, the causal sequence length among them
     z = z if z.stride(1) == 1 else z.contiguous()
     kc = h * 4 // m
     h_c = torch.empty(t, kc, device=z.device, dtype=z.dtype)
@@ -172,7 +172,7 @@ def vnm_select_chunks(
         raise ValueError(f"vnm_select_chunks: tiling={tiling}: rows must be powers of two dividing V={v}")
     grid = (t // v, h // (m * c))
     _SELECT[grid](
-        z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v, score or v,
+        z, z if bias is None else bias, h_c, r_c, ids, v, z.stride(0), kc, kc, (seq or v) // v, score_rows or v,
         M=m, C=c, N=n, ROWS=rows, ROWS2=rows2, HAS_BIAS=bias is not None, CAUSAL=seq is not None,
         num_warps=warps,
     )  # fmt: skip

@@ -50,10 +50,10 @@ def chunk_path_supports(v: int, m: int, c: int) -> bool:
     return chunk_supports(v, m, c) and chunk_wgrad_supports(v, c)
 
 
-def f1_on_scoring_rows(v: int, n: int, chunk: int, causal: bool, score: int | None, f1_alg: int | None) -> bool:
+def f1_on_scoring_rows(v: int, n: int, chunk: int, causal: bool, score_rows: int | None, f1_alg: int | None) -> bool:
     """Whether the forward computes F1 only on the scoring rows and the kept chunks (chunk_score_triton.py)
     instead of in full: causal chunks scored on fewer than V rows, N = 4, F1 on cuBLAS."""
-    return chunk > 1 and causal and score is not None and score < v and n == 4 and f1_alg is None
+    return chunk > 1 and causal and score_rows is not None and score_rows < v and n == 4 and f1_alg is None
 
 
 def _w2t(w2: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -83,20 +83,20 @@ def sqrelu_ffn_forward_gather(
     dense: frozenset[str] = frozenset(),
     chunk: int = 1,
     seq: int | None = None,
-    score: int | None = None,
+    score_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
     ``chunk``: units per kept column (then F2 always gathers); ``seq``: the causal pattern over
-    sequences of that many tokens; ``score``: scored on the previous block's last that many rows
+    sequences of that many tokens; ``score_rows``: scored on the previous block's last that many rows
     (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only)."""
     _check_chunk(v, m, chunk, dense)
-    if f1_on_scoring_rows(v, n, chunk, seq is not None, score, f1_alg):
-        h_c, r_c, ids = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score)
+    if f1_on_scoring_rows(v, n, chunk, seq is not None, score_rows, f1_alg):
+        h_c, r_c, ids = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score_rows)
     else:
         z = F.linear(x, w1, b1) if f1_alg is None else cslt_linear(x, w1, b1, f1_alg)
         if chunk > 1:
-            h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk, seq, score=score)
+            h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk, seq, score_rows=score_rows)
         else:
             h_c, r_c, ids = vnm_select_compact(z, None, v, n, m, seq=seq)
         del z

@@ -246,6 +246,6 @@ class SparsityConfig:
             f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
             + (f";chunk={self.chunk}" if self.chunk > 1 else "")
             + (";causal=1" if self.causal else "")
-            + (f";score={self.score_rows}" if self.score_rows is not None else "")
+            + (f";score_rows={self.score_rows}" if self.score_rows is not None else "")
             + (f";routes={self.routes}" if self.routes is not None else "")
         )

@@ -17,8 +17,8 @@ def _h(t: int, f: int, seed: int) -> torch.Tensor:
 
 def test_scoring_all_rows_is_the_causal_pattern():
     h = _h(128, 128, 0)
-    assert torch.equal(vnm_mask(h, 16, 2, 8, 4, seq=64, score=16), vnm_mask(h, 16, 2, 8, 4, seq=64))
-    assert not torch.equal(vnm_mask(h, 16, 2, 8, 4, seq=64, score=4), vnm_mask(h, 16, 2, 8, 4, seq=64))
+    assert torch.equal(vnm_mask(h, 16, 2, 8, 4, seq=64, score_rows=16), vnm_mask(h, 16, 2, 8, 4, seq=64))
+    assert not torch.equal(vnm_mask(h, 16, 2, 8, 4, seq=64, score_rows=4), vnm_mask(h, 16, 2, 8, 4, seq=64))
 
 
 def test_only_the_previous_blocks_last_rows_choose():
@@ -26,17 +26,17 @@ def test_only_the_previous_blocks_last_rows_choose():
     nothing, row 30 does (it is made to dominate one chunk); no later row changes rows before it."""
     v, s = 16, 4
     h = _h(64, 128, 1)
-    base = vnm_mask(h, v, 4, 8, 4, seq=64, score=s)
+    base = vnm_mask(h, v, 4, 8, 4, seq=64, score_rows=s)
     early = h.clone()
     early[16:28] = _h(12, 128, 2) * 100
-    assert torch.equal(vnm_mask(early, v, 4, 8, 4, seq=64, score=s)[32:48], base[32:48])
+    assert torch.equal(vnm_mask(early, v, 4, 8, 4, seq=64, score_rows=s)[32:48], base[32:48])
     late = h.clone()
     dropped = (~base[32, :32]).nonzero()[0, 0].item() // 4  # a chunk of group 0 that block 2 drops
     late[30, dropped * 4 : dropped * 4 + 4] = 100.0
-    assert vnm_mask(late, v, 4, 8, 4, seq=64, score=s)[32:48, dropped * 4].all()
+    assert vnm_mask(late, v, 4, 8, 4, seq=64, score_rows=s)[32:48, dropped * 4].all()
     ahead = h.clone()
     ahead[40:] = _h(24, 128, 3)
-    assert torch.equal(vnm_mask(ahead, v, 4, 8, 4, seq=64, score=s)[:40], base[:40])
+    assert torch.equal(vnm_mask(ahead, v, 4, 8, 4, seq=64, score_rows=s)[:40], base[:40])
 
 
 @pytest.mark.parametrize("bad", [0, 17, True, 2.0])
@@ -47,7 +47,7 @@ def test_config_validates_score_rows(bad):
         with pytest.raises(ValueError, match=r"with causal=True and chunk > 1"):
             SparsityConfig(activations="16:4:8", score_rows=4, **kw)
     spec = SparsityConfig(activations="16:4:8", chunk=16, causal=True, score_rows=4).op_spec()
-    assert spec.endswith(";chunk=16;causal=1;score=4")
+    assert spec.endswith(";chunk=16;causal=1;score_rows=4")
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -58,7 +58,7 @@ def test_select_kernel_scores_the_last_rows(interpreter, n, dtype):
     torch.manual_seed(n)
     z = torch.randn(128, 256, dtype=dtype)
     for b in (None, torch.randn(256, dtype=dtype)):
-        got = vnm_select_chunks(z, b, 16, n, 8, 16, 64, score=4)
+        got = vnm_select_chunks(z, b, 16, n, 8, 16, 64, score_rows=4)
         for name, a, r in zip(("h_c", "r_c", "ids"), got, vnm_compact_ref(z, b, 16, n, 8, 16, 64, 4), strict=True):
             assert torch.equal(a, r), name
 
@@ -78,7 +78,7 @@ def test_scored_ids_from_the_scoring_rows_equal_the_reference(interpreter):
         assert torch.equal(scoring_rows(x, v, s, seq), x[rows])
         want = vnm_compact_ref(z, None, v, 4, m, c, seq, s)[2]
         assert torch.equal(scored_ids(z[rows], t, v, m, c, seq, s), want), s
-    with pytest.raises(ValueError, match="score=0"):
+    with pytest.raises(ValueError, match="score_rows=0"):
         scoring_rows(x, v, 0, seq)
 
 
@@ -120,7 +120,7 @@ def test_f1_on_the_scoring_rows_and_kept_chunks_equals_the_selection(interpreter
     x, w1, b1 = torch.randn(t, d, generator=g), torch.randn(h, d, generator=g), torch.randn(h, generator=g)
     for s in (2, 8):
         got = f1_scored_chunks(x, w1, b1, v, m, c, seq, s)
-        want = vnm_select_chunks(F.linear(x, w1, b1), None, v, 4, m, c, seq, score=s)
+        want = vnm_select_chunks(F.linear(x, w1, b1), None, v, 4, m, c, seq, score_rows=s)
         assert torch.equal(got[2], want[2])
         for a, b in zip(got[:2], want[:2], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

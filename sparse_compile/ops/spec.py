@@ -29,7 +29,7 @@ class OpSpec:
     act24_alg: int | None = None  # 2:4 activations: F2 and B3 through cuSPARSELt with this id (-1: cuBLAS)
     chunk: int = 1  # hidden units per kept column of the V:N:M pattern
     causal: bool = False  # columns chosen from earlier tokens (kernels/activation_mask.py)
-    score: int | None = None  # causal: rows of the previous block that choose a block's columns (None: V)
+    score_rows: int | None = None  # causal: rows of the previous block that choose a block's columns (None: V)
     units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/unit_perms.py)
     routes: int | None = None  # routed tokens: G groups (kernels/routing.py; state in ops/routes.py)
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
@@ -58,7 +58,7 @@ def parse_spec(spec: str) -> OpSpec:
         act24_alg=int(fields["act24_alg"]) if "act24_alg" in fields else None,
         chunk=int(fields.get("chunk", 1)),
         causal=fields.get("causal") == "1",
-        score=int(fields["score"]) if "score" in fields else None,
+        score_rows=int(fields["score_rows"]) if "score_rows" in fields else None,
         units=fields.get("units"),
         routes=int(fields["routes"]) if "routes" in fields else None,
         gather=fields.get("gather") == "1",

@@ -119,7 +119,7 @@ def test_f1_on_the_scoring_rows_at_the_2_7b_shape(score):
     b1 = (torch.randn(h, device="cuda", generator=g) * 0.1).bfloat16()
     _poison()
     h_c, r_c, ids = f1_scored_chunks(x, w1, b1, 128, 16, c, 2048, score)
-    want_h, want_r, want_ids = vnm_select_chunks(F.linear(x, w1, b1), None, 128, 4, 16, c, 2048, score=score)
+    want_h, want_r, want_ids = vnm_select_chunks(F.linear(x, w1, b1), None, 128, 4, 16, c, 2048, score_rows=score)
     groups = (ids == want_ids).view(t // 128, -1, 4 * c).all(-1)  # [blocks, groups]
     print(f"score {score}: {groups.float().mean().item():.4f} of the (block, group) choices agree")
     assert groups.float().mean().item() >= 0.98
