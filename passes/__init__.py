@@ -14,6 +14,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch.fx import Node
 
+from sparse_compile.contract import op_spec
 from sparse_compile.passes.find_ffn import FFNMatch, NearMiss, find_ffn_sites, linear_args
 from sparse_compile.passes.legality import (
     MIN_HIDDEN_REASON,
@@ -181,14 +182,15 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
                 described, sparse=True, reason=note, kernel=plan.kernel, chunk=site.chunk, dense_activations=acts
             )
         )
-        suffix = plan.spec_suffix
+        units = None
         routed = plan.op == "sqrelu_ffn_routed"
         if routed or (site.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm")):  # the site's state
-            suffix += f";units={module_of(match.first, match.second)}"
+            units = module_of(match.first, match.second)
             state = "tokens routed, groups and router" if routed else "hidden units permuted"
             note = "; ".join(n for n in (note, f"{state} fitted by sparse_compile.recluster") if n)
             records[-1] = dataclasses.replace(records[-1], reason=note)
-        replaced[match.second] = rewrite_site(match, site, sparse_weights, plan.op, suffix, plan.linear_algs)
+        spec = op_spec(site, plan, units)
+        replaced[match.second] = rewrite_site(match, site, sparse_weights, plan.op, spec, plan.linear_algs)
     records.extend(_describe(m.first, m.second, False, m.reason) for m in misses)
     n_sparse = sum(r.sparse for r in records)
     if n_sparse:

@@ -36,13 +36,13 @@ def rewrite_site(
     config: SparsityConfig,
     sparse_weights: dict[Node, Node],
     op_name: str,
-    spec_suffix: str = "",
+    spec: str,
     algs: tuple[int, int] = (-1, -1),
 ) -> Node:
     """Replace ``match`` in its graph; ``sparse_weights`` maps weight nodes to their 2:4 node (shared by sites).
 
-    ``op_name``: the sparse_compile op to call (planning.plan.KernelPlan.op); ``spec_suffix``: the per-site
-    kernel choices appended to the op's spec (planning.plan.KernelPlan.spec_suffix). For "linear_24" the
+    ``op_name``: the sparse_compile op to call (planning.plan.KernelPlan.op); ``spec``: the op's spec
+    string (contract.op_spec of the config, the plan and the site). For "linear_24" the
     two linears become linear_24 calls and relu, square stay: ``algs`` = the cuSPARSELt algorithms
     of the [T, d] -> [T, h] and [T, h] -> [T, d] GEMMs (-1: cuBLAS).
     """
@@ -75,7 +75,7 @@ def rewrite_site(
         return _rewrite_linears(match, weight, cast, algs, fake_mode)
     with graph.inserting_before(match.second):
         w1, w2 = weight(match.w1), weight(match.w2)
-        args = (cast(match.x), w1, param(match.b1), w2, param(match.b2), config.op_spec() + spec_suffix)
+        args = (cast(match.x), w1, param(match.b1), w2, param(match.b2), spec)
         op = getattr(torch.ops.sparse_compile, op_name).default
         ffn = _add(graph, op, args, match.second, fake_mode)
         out = _add(graph, operator.getitem, (ffn, 0), match.second, fake_mode)

@@ -6,6 +6,8 @@ sparse_compile.config re-exports the public names of all three.
 
 from dataclasses import dataclass
 
+from sparse_compile.contract import op_spec
+
 WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
 KERNEL_CHOICES = ("auto", "reference", "triton")
@@ -240,12 +242,6 @@ class SparsityConfig:
         return parse_weight_grad(self.weight_grad)
 
     def op_spec(self) -> str:
-        """The string the custom op receives: 'weights=..;activations=..;kernels=..;weight_grad=..;dense_frac=..'."""
-        return (
-            f"weights={self.weights or 'none'};activations={self.activations or 'none'};kernels={self.kernels};"
-            f"weight_grad={self.weight_grad};dense_frac={float(self.weight_grad_dense_frac)!r}"
-            + (f";chunk={self.chunk}" if self.chunk > 1 else "")
-            + (";causal=1" if self.causal else "")
-            + (f";score_rows={self.score_rows}" if self.score_rows is not None else "")
-            + (f";routes={self.routes}" if self.routes is not None else "")
-        )
+        """The string the custom op receives, without a plan's kernel choices (contract.op_spec):
+        'weights=..;activations=..;kernels=..;weight_grad=..;dense_frac=..'."""
+        return op_spec(self)

@@ -85,12 +85,13 @@ def test_op_spec_rejects_unknown_dense_gemm():
 
 
 def test_act24_plan_spec_round_trip():
+    from sparse_compile.contract import op_spec
     from sparse_compile.ops import parse_spec
     from sparse_compile.planning.plan import CSLT24, KernelPlan
 
     plan = KernelPlan(CSLT24, False, f1_alg=2, act24_alg=5)
     assert plan.op == "sqrelu_ffn_24"
-    spec = parse_spec(SparsityConfig(weights="2:4", activations="2:4").op_spec() + plan.spec_suffix)
+    spec = parse_spec(op_spec(SparsityConfig(weights="2:4", activations="2:4"), plan))
     assert (spec.activations, spec.f1_alg, spec.act24_alg) == ((1, 2, 4), 2, 5)
 
 

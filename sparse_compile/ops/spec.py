@@ -1,7 +1,7 @@
 """What every FFN op shares: the spec string each op receives, the op preamble (input checks, casts,
 reshapes, the site's permutation), and the autograd glue.
 
-The spec (SparsityConfig.op_spec plus planning.plan.KernelPlan.spec_suffix) is a string so that the
+The spec (contract.op_spec of the config, the site's kernel plan and units) is a string so that the
 ops stay opaque to Dynamo and AOTAutograd: 'weights=2:4;activations=64:2:8;kernels=auto;...'.
 """
 
@@ -38,7 +38,7 @@ class OpSpec:
 @functools.cache
 def parse_spec(spec: str) -> OpSpec:
     """'weights=2:4;activations=64:2:8;kernels=auto;weight_grad=dense;dense_frac=0.02' -> OpSpec
-    (see SparsityConfig.op_spec)."""
+    (written by contract.op_spec)."""
     fields = dict(item.split("=", 1) for item in spec.split(";"))
     dense_gemms = frozenset(fields["dense_gemms"].split("+")) if fields.get("dense_gemms") else frozenset()
     if not dense_gemms <= set(GATHER_GEMMS):

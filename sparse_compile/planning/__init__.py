@@ -8,6 +8,7 @@
 | act24_choice.py  | F2, B3 of 2:4 activations on cuSPARSELt or cuBLAS, measured                   |
 | measure.py       | the timing, error and cuSPARSELt algorithm sweep the choices share            |
 
-Nothing here runs at training time: ops and passes read the plan's result (KernelPlan.op and
-spec_suffix), and what they share with it is in sparse_compile/contract.py.
+Nothing here runs at training time: ops and passes read the plan's result (KernelPlan.op, and its
+kernel choices in the op's spec, contract.op_spec), and what they share with it is in
+sparse_compile/contract.py.
 """

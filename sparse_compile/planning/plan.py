@@ -67,14 +67,6 @@ class KernelPlan:
         """linear_24's algorithms of the [T, d] -> [T, h] and [T, h] -> [T, d] GEMMs (-1: cuBLAS)."""
         return tuple(-1 if a is None else a for a in (self.f1_alg, self.f2_alg))
 
-    @property
-    def spec_suffix(self) -> str:
-        """What the op's spec string adds for this plan."""
-        f1 = "" if self.f1_alg is None else f";f1_alg={self.f1_alg}"
-        act24 = "" if self.act24_alg is None else f";act24_alg={self.act24_alg}"
-        gemms = f";dense_gemms={'+'.join(sorted(self.dense_gemms))}" if self.dense_gemms else ""
-        return f1 + act24 + gemms + (";gather=1" if self.kernel == ROUTED else "")
-
 
 def _reference(device_type: str, why: str = "") -> KernelPlan:
     return KernelPlan("reference" if device_type == "cpu" else "reference (cuda)", False, why)
