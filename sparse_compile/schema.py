@@ -64,6 +64,32 @@ def _vnm(value: object, forms: tuple[int, ...]) -> tuple[int, int, int]:
     return v, n, m
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# SparsityConfig's checks of one field alone: field -> (whether a value is valid, what is expected).
+# activations and weight_grad are parsed, with their parser's error; the checks that combine fields follow.
+FIELD_CHECKS = {
+    "weights": (lambda v: v is None or v in WEIGHT_PATTERNS, "None or '2:4'"),
+    "activations": (lambda v: v is None or parse_activation_pattern(v), _VNM_RULE),  # raises its own error
+    "weight_grad": (lambda v: parse_weight_grad(v) or True, WEIGHT_GRAD_RULE),  # raises its own error
+    "weight_grad_dense_frac": (lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a float in [0, 1]"),
+    "kernels": (lambda v: v in KERNEL_CHOICES, f"one of {KERNEL_CHOICES}"),
+    "chunk": (lambda v: _is_int(v) and v >= 1, "an int >= 1 (units per kept column)"),
+    "causal": (lambda v: isinstance(v, bool), "True or False"),
+    "permute": (lambda v: isinstance(v, bool), "True or False"),
+    "min_hidden": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    "small_ffn": (lambda v: v in SMALL_FFN_CHOICES, f"one of {SMALL_FFN_CHOICES}"),
+    "masked_decay": (lambda v: _is_number(v) and v >= 0.0, "a float >= 0"),
+    "weight_copies": (lambda v: v in ("keep", "recompute"), "'keep' or 'recompute'"),
+}
+
+
 @dataclass(frozen=True)
 class SparsityConfig:
     """What is sparse in the sparse phase (docs/design.md, "Semantics").
@@ -137,16 +163,10 @@ class SparsityConfig:
     weight_copies: str = "keep"
 
     def __post_init__(self) -> None:
-        if self.weights is not None and self.weights not in WEIGHT_PATTERNS:
-            raise ValueError(f"SparsityConfig.weights={self.weights!r}: expected None or '2:4'")
-        if self.activations is not None:
-            parse_activation_pattern(self.activations)
-        parse_weight_grad(self.weight_grad)
-        frac = self.weight_grad_dense_frac
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
-            raise ValueError(f"SparsityConfig.weight_grad_dense_frac={frac!r}: expected a float in [0, 1]")
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise ValueError(f"SparsityConfig.chunk={self.chunk!r}: expected an int >= 1 (units per kept column)")
+        for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
+            value = getattr(self, name)
+            if not valid(value):
+                raise ValueError(f"SparsityConfig.{name}={value!r}: expected {expected}")
         # chunk, causal and permute act on the blocks of V > 1 tokens of a V:N:M pattern
         no_blocks = self.activations is None or parse_activation_pattern(self.activations)[0] == 1
         if self.chunk > 1 and no_blocks:
@@ -154,8 +174,6 @@ class SparsityConfig:
                 f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1; "
                 f"got activations={self.activations!r}"
             )
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"SparsityConfig.causal={self.causal!r}: expected True or False")
         if self.causal and no_blocks:
             raise ValueError(
                 f"SparsityConfig.causal=True needs V:N:M activations with V > 1 (2:4 and V = 1 choose per "
@@ -164,38 +182,23 @@ class SparsityConfig:
         if self.score_rows is not None:
             v = None if no_blocks else parse_activation_pattern(self.activations)[0]
             sr = self.score_rows
-            bad = isinstance(sr, bool) or not isinstance(sr, int) or not 1 <= sr <= (v or 0)
-            if bad or not self.causal or self.chunk < 2:
+            if not _is_int(sr) or not 1 <= sr <= (v or 0) or not self.causal or self.chunk < 2:
                 raise ValueError(
                     f"SparsityConfig.score_rows={sr!r}: expected None or an int in [1, V] (V={v}) with causal=True "
                     f"and chunk > 1 (causal={self.causal!r}, chunk={self.chunk}, activations={self.activations!r})"
                 )
-        if not isinstance(self.permute, bool):
-            raise ValueError(f"SparsityConfig.permute={self.permute!r}: expected True or False")
         if self.permute and no_blocks:
             raise ValueError(
                 f"SparsityConfig.permute=True needs V:N:M activations with V > 1; got activations={self.activations!r}"
             )
         if self.routes is not None:
             self._check_routes()
-        if self.kernels not in KERNEL_CHOICES:
-            raise ValueError(f"SparsityConfig.kernels={self.kernels!r}: expected one of {KERNEL_CHOICES}")
-        if isinstance(self.min_hidden, bool) or not isinstance(self.min_hidden, int) or self.min_hidden < 0:
-            raise ValueError(f"SparsityConfig.min_hidden={self.min_hidden!r}: expected an int >= 0")
-        if self.small_ffn not in SMALL_FFN_CHOICES:
-            raise ValueError(f"SparsityConfig.small_ffn={self.small_ffn!r}: expected one of {SMALL_FFN_CHOICES}")
-        if isinstance(self.masked_decay, bool) or not isinstance(self.masked_decay, (int, float)):
-            raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
-        if not self.masked_decay >= 0.0:
-            raise ValueError(f"SparsityConfig.masked_decay={self.masked_decay!r}: expected a float >= 0")
         if self.masked_decay and self.weights is None:
             raise ValueError(
                 f"SparsityConfig.masked_decay={self.masked_decay!r} needs weights='2:4' (it decays the pruned weights)"
             )
         if self.weights is None and self.activations is None:
             raise ValueError("SparsityConfig: weights=None and activations=None leave nothing sparse; set one")
-        if self.weight_copies not in ("keep", "recompute"):
-            raise ValueError(f"SparsityConfig.weight_copies={self.weight_copies!r}: expected 'keep' or 'recompute'")
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(
                 f"SparsityConfig.weight_copies='recompute' needs weights=None; got weights={self.weights!r} (2:4 "
@@ -204,7 +207,7 @@ class SparsityConfig:
 
     def _check_routes(self) -> None:
         g = self.routes
-        if isinstance(g, bool) or not isinstance(g, int) or not 2 <= g <= 1024:
+        if not _is_int(g) or not 2 <= g <= 1024:
             raise ValueError(f"SparsityConfig.routes={g!r}: expected None or an int in [2, 1024] (groups of units)")
         pattern = None if self.activations is None else parse_activation_pattern(self.activations)
         if pattern is None or pattern[0] == 1 or pattern[1] != 4 or self.chunk < 2:
