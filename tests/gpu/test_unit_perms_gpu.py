@@ -1,7 +1,7 @@
 """Hidden-unit re-clustering on a real GPU: a CUDA site records its block-mass profiles on the GPU and
 recluster() fits there (a CPU fit slows down many-fold when several training processes share the
 CPU), giving a valid permutation that the site then runs with. Run by hand on H100/H200; the CPU
-tests are tests/test_units.py."""
+tests are tests/test_unit_perms.py."""
 
 import pytest
 import torch
