@@ -344,12 +344,10 @@ class Health:
     @torch.no_grad()
     def probe(self, x: torch.Tensor, autocast) -> dict[str, float]:
         hs: list[torch.Tensor] = []
-        xs: list[torch.Tensor] = []
         seq = x.shape[-1] if self.causal else None  # x [B, S] token ids
 
         def hook(m, inp, out):
             hs.append(torch.relu(m.c_fc(inp[0])).square())
-            xs.append(inp[0].reshape(-1, inp[0].shape[-1]))
 
         hooks = [b.mlp.register_forward_hook(hook) for b in self.model.blocks]
         try:  # eager, also where the blocks are compiled in place (FSDP2): the hooks read H

@@ -39,7 +39,13 @@ def route_tokens(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, rep
     the product in x's dtype (F1 on G r of the h units), the sums and the argmax in float32."""
     flat = rep.reshape(-1)
     z = torch.nn.functional.linear(x, w1.index_select(0, flat), None if b1 is None else b1.index_select(0, flat))
-    return torch.relu(z).float().square().reshape(x.shape[0], *rep.shape).sum(dim=2).argmax(dim=1)
+    return route_of_activations(torch.relu(z).float().square(), rep.shape[0])
+
+
+def route_of_activations(h_rep: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """int64 [T]: argmax over groups of the summed H on each group's representatives, from h_rep
+    [T, G r] float32 (H at rep.reshape(-1), group by group): the router's choice from H itself."""
+    return h_rep.reshape(h_rep.shape[0], n_groups, -1).sum(dim=2).argmax(dim=1)
 
 
 def routed_blocks(tokens: int, n_groups: int, v: int) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from sparse_compile.clustering import cluster_units
-from sparse_compile.kernels.routing import group_columns
+from sparse_compile.kernels.routing import group_columns, route_of_activations
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def fit_routes(
     for step in range(rounds + 1):
         cols = group_columns(groups, m, c)
         rep = representatives(hp, assign, cols, r)  # op order
-        assign = hp.gather(1, rep.reshape(1, -1).expand(s, -1)).reshape(s, *rep.shape).sum(dim=2).argmax(dim=1)
+        assign = route_of_activations(hp.index_select(1, rep.reshape(-1)), n_groups)
         if step < rounds:
             groups = _top_chunks(u, assign, groups)
     kept = kept_by_group(u, groups)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.routing import group_columns, route_tokens, routed_mask
+from sparse_compile.kernels.routing import group_columns, route_of_activations, route_tokens, routed_mask
 from sparse_compile.ops import unit_perms
 from sparse_compile.route_fit import fit_routes, initial_groups
 
@@ -181,7 +181,7 @@ def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
         return None
     with torch.no_grad():
         rep = s.rep.to(h.device)
-        routed = h.float().index_select(1, rep.reshape(-1)).reshape(h.shape[0], *rep.shape).sum(dim=2).argmax(dim=1)
+        routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)
         hf = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
         keep = routed_mask(routed, s.cols.to(h.device), h.shape[1])
         return float((hf * keep).sum()), float(hf.sum())
