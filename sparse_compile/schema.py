@@ -106,6 +106,9 @@ class SparsityConfig:
         the plain pattern; > 1 makes the weight gradients block-sparse along tokens. Needs V:N:M
         activations with V > 1, and hidden % (M * chunk) == 0 at a site; where it is not, a site takes
         the largest chunk / 2**k >= 16 that divides (the report names it), else stays dense.
+        Per token, "1:4:M" with chunk > 1: each token keeps the 4 of every M chunks with most of its
+        own mass (causal by construction); no fast kernel takes it (the reference runs it): a
+        measure of what a per-token chunk choice keeps, not a speed option.
     causal: a V:N:M block (V > 1) chooses its kept columns from the tokens before it (the previous
         block of its sequence; a sequence's first block from its first token), so no token's output
         depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
@@ -118,7 +121,7 @@ class SparsityConfig:
         sequence's first token) and on the kept chunks of every row (the gather GEMM;
         kernels/chunk_score_triton.py): score_rows/V + 4/M of F1's work instead of all of it (0.375 at 16
         of 128, keep 1/4); the choice sees fewer tokens.
-    permute: each site's V:N:M op (V > 1) runs on a permutation of its hidden units, kept by the
+    permute: each site's V:N:M op (V > 1, or per-token chunks) runs on a permutation of its hidden units, kept by the
         backend per site (identity at first; sparse_compile.recluster() refits it from the
         activations recorded under sparse_compile.probe_units(); sparse_compile/ops/unit_perms.py), so that
         a block's kept groups and chunks cover more of H. The dense function, the parameters and
@@ -169,10 +172,10 @@ class SparsityConfig:
                 raise ValueError(f"SparsityConfig.{name}={value!r}: expected {expected}")
         # chunk, causal and permute act on the blocks of V > 1 tokens of a V:N:M pattern
         no_blocks = self.activations is None or parse_activation_pattern(self.activations)[0] == 1
-        if self.chunk > 1 and no_blocks:
+        if self.chunk > 1 and (self.activations is None or (no_blocks and self.activation_pattern[1] != 4)):
             raise ValueError(
-                f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1; "
-                f"got activations={self.activations!r}"
+                f"SparsityConfig.chunk={self.chunk} needs V:N:M activations with V > 1, or per token (V = 1) "
+                f"whole chunks, 1:4:M; got activations={self.activations!r}"
             )
         if self.causal and no_blocks:
             raise ValueError(
@@ -187,9 +190,10 @@ class SparsityConfig:
                     f"SparsityConfig.score_rows={sr!r}: expected None or an int in [1, V] (V={v}) with causal=True "
                     f"and chunk > 1 (causal={self.causal!r}, chunk={self.chunk}, activations={self.activations!r})"
                 )
-        if self.permute and no_blocks:
+        if self.permute and (no_blocks and self.chunk < 2):
             raise ValueError(
-                f"SparsityConfig.permute=True needs V:N:M activations with V > 1; got activations={self.activations!r}"
+                f"SparsityConfig.permute=True needs V:N:M activations with V > 1 or in chunks (chunk > 1); got "
+                f"activations={self.activations!r}, chunk={self.chunk}"
             )
         if self.routes is not None:
             self._check_routes()

@@ -62,9 +62,27 @@ def test_config_validates_chunk():
     for bad in (0, -1, True, 2.0, "32"):
         with pytest.raises(ValueError, match=r"SparsityConfig.chunk=.*expected an int >= 1"):
             SparsityConfig(activations="128:2:16", chunk=bad)
-    for act in ("2:4", None):
-        with pytest.raises(ValueError, match="chunk=32 needs V:N:M activations with V > 1"):
+    for act in ("2:4", "1:2:8", None):
+        with pytest.raises(
+            ValueError,
+            match=rf"chunk=32 needs V:N:M activations with V > 1, or per token .*1:4:M; got activations={act!r}",
+        ):
             SparsityConfig(weights="2:4", activations=act, chunk=32)
+    assert SparsityConfig(activations="1:4:16", chunk=32, permute=True).op_spec().endswith(";chunk=32")
+
+
+def test_per_token_chunks_keep_each_tokens_own_top_chunks():
+    """1:4:M in chunks: each token (a block of one) keeps the 4 of every M chunks of largest L1 norm
+    over its own units; checked against the loop, and causal: a token's mask is a function of its own
+    row alone (changing the later rows changes no earlier row's mask)."""
+    torch.manual_seed(7)
+    h = torch.randn(24, 2 * 8 * 4).relu().square()
+    mask = vnm_mask(h, 1, 4, 8, 4)
+    assert torch.equal(mask, _brute_mask(h, 1, 4, 8, 4))
+    assert (mask.reshape(24, 2, 8, 4).any(-1).sum(-1) == 4).all()  # 4 whole chunks per group and token
+    later = h.clone()
+    later[10:] = torch.randn(14, h.shape[1]).relu().square()
+    assert torch.equal(vnm_mask(later, 1, 4, 8, 4)[:10], mask[:10])
 
 
 @pytest.mark.parametrize("v,n,m,c", PATTERNS)
@@ -402,6 +420,17 @@ def test_compiled_model_matches_oracle(interpreter, kernels):
     if kernels == "triton":
         assert [s.kernel for s in report.sparse_sites] == [GATHER, GATHER]
     assert report.sparse_sites[0].patterns["B2"] == "A16:2:8c16"
+
+
+def test_per_token_chunks_compiled_match_the_oracle_on_the_reference():
+    """1:4:8 in chunks of 16 (per token) through torch.compile: the reference op (no gather kernel
+    takes V = 1; the report says why), its output and gradients equal to the oracle's."""
+    from .test_backend import assert_compiled_matches_oracle
+
+    config = SparsityConfig(activations="1:4:8", chunk=16)
+    report = assert_compiled_matches_oracle(config, torch.randn(2, 32, 32), 1e-4)
+    assert [s.kernel for s in report.sparse_sites] == ["reference", "reference"]
+    assert report.sparse_sites[0].patterns["F2"] == "A1:4:8c16"
 
 
 def test_causal_chunks_compiled_match_the_oracle(interpreter):

@@ -99,7 +99,7 @@ def test_bad_permutations_and_configs_name_the_value():
     with pytest.raises(ValueError, match="permutation of 64 units for a site with hidden=128"):
         compiled(torch.randn(2, 32, 32))
     for kwargs in ({"activations": "2:4", "permute": True}, {"weights": "2:4", "permute": True}):
-        with pytest.raises(ValueError, match="permute=True needs V:N:M activations with V > 1"):
+        with pytest.raises(ValueError, match="permute=True needs V:N:M activations with V > 1 or in chunks"):
             SparsityConfig(**kwargs)
     with pytest.raises(ValueError, match="expected True or False"):
         SparsityConfig(activations="16:2:8", permute="yes")
