@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparse_compile.presets import DEFAULT_PRESET, PRESETS
-from sparse_compile.schema import SparsityConfig, parse_activation_pattern
+from sparse_compile.schema import SparsityConfig, parse_activation_pattern, score_rows_apply
 
 _CONFIG_KEYS = {f.name for f in dataclasses.fields(SparsityConfig)}
 _BACKEND_KEYS = {"preset", "dump_dir", "mode", "inductor"}
@@ -81,9 +81,9 @@ def _not_applying(preset: SparsityConfig, fields: Mapping[str, Any]) -> dict[str
         causal, chunk = fields.get("causal", preset.causal), fields.get("chunk", preset.chunk)
         try:
             v = parse_activation_pattern(fields.get("activations", preset.activations))[0]
-        except ValueError:
+        except (TypeError, ValueError):  # a bad pattern: SparsityConfig names it
             v = preset.score_rows
-        if not (causal is True and isinstance(chunk, int) and chunk > 1 and v >= preset.score_rows):
+        if not score_rows_apply(preset.score_rows, v if v > 1 else None, causal, chunk):
             out["score_rows"] = None
     if fields.get("routes", preset.routes) is not None:  # routing replaces the causal block choice
         out.update(causal=False, score_rows=None, permute=False)

@@ -68,6 +68,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def score_rows_apply(score_rows: object, v: int | None, causal: object, chunk: object) -> bool:
+    """Whether ``score_rows`` can choose a block's chunks: an int in [1, V] for causal blocks (V > 1,
+    ``v``; None without blocks) in chunks (chunk > 1). SparsityConfig raises where it cannot; the
+    options drop a preset's where the user's fields leave it nothing to apply to."""
+    return _is_int(score_rows) and 1 <= score_rows <= (v or 0) and causal is True and _is_int(chunk) and chunk >= 2
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -185,7 +192,7 @@ class SparsityConfig:
         if self.score_rows is not None:
             v = None if no_blocks else parse_activation_pattern(self.activations)[0]
             sr = self.score_rows
-            if not _is_int(sr) or not 1 <= sr <= (v or 0) or not self.causal or self.chunk < 2:
+            if not score_rows_apply(sr, v, self.causal, self.chunk):
                 raise ValueError(
                     f"SparsityConfig.score_rows={sr!r}: expected None or an int in [1, V] (V={v}) with causal=True "
                     f"and chunk > 1 (causal={self.causal!r}, chunk={self.chunk}, activations={self.activations!r})"
