@@ -15,12 +15,10 @@ from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 import sparse_compile.phase as _phase
+from sparse_compile import cuda_graphs
 from sparse_compile.dump import dump_compile
 from sparse_compile.options import BackendOptions
-from sparse_compile.passes import SiteRecord, copy_graph, has_symbolic_shapes, sparsify_ffns
-from sparse_compile.passes.size_rule import bounds_with_graphs, graphs_pay, uses_cuda_graphs
 from sparse_compile.report import Report
-from sparse_compile.schema import SparsityConfig
 
 _graph_ids = itertools.count()
 _reports: list[Report] = []
@@ -85,83 +83,6 @@ def _inductor_patches(opts: BackendOptions) -> dict[str, Any]:
     return patches
 
 
-def rewrite(
-    gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs: bool = False
-) -> tuple[torch.fx.GraphModule, list[SiteRecord]]:
-    """A copy of ``gm`` with every legal FFN site rewritten, and the records of all sites."""
-    sparse_gm = copy_graph(gm)
-    return sparse_gm, sparsify_ffns(sparse_gm, config, cuda_graphs)
-
-
-def _processes() -> int:
-    """Processes of the run: torch.distributed's world size where it is initialized, else 1."""
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def plan(
-    gm: torch.fx.GraphModule, opts: BackendOptions, graph_id: int = 0, graphs_declined: str | None = None
-) -> tuple[torch.fx.GraphModule, Report]:
-    """The sparse copy of ``gm`` and its report, CUDA graphs decided (passes/size_rule.py): the size
-    rule takes its bounds with CUDA graphs where the compile runs them or small_ffn='graphs' may turn
-    them on; it does, for both variants of the graph, where a sparse site pays only with them.
-    ``graphs_declined``: why Inductor would not run this graph under CUDA graphs; the rule then takes
-    its bounds without them, as where the options rule them out."""
-    config = opts.config
-    explicit = uses_cuda_graphs(opts.mode, opts.inductor)
-    dynamic = has_symbolic_shapes(gm)
-    with_graphs, blocker = bounds_with_graphs(
-        config.small_ffn, opts.mode, opts.inductor, config.permute or config.routes is not None, _processes(), dynamic
-    )
-    if graphs_declined is not None:
-        with_graphs, blocker = False, f"Inductor declined them: {graphs_declined}"
-    sparse_gm, records = rewrite(gm, config, with_graphs)
-    auto = _graph_sites(records, config.chunk) if with_graphs and not explicit else 0
-    cuda_graphs = (explicit and graphs_declined is None) or auto > 0
-    return sparse_gm, Report.from_records(config, graph_id, records, cuda_graphs, auto, blocker)
-
-
-def _graph_sites(records: list[SiteRecord], chunk: int) -> int:
-    """How many sparse sites pay only with CUDA graphs (passes/size_rule.graphs_pay): the sites a
-    decline of CUDA graphs would leave running host-bound. ``chunk``: the config's."""
-    return sum(r.sparse and graphs_pay(r.work, r.device, (r.chunk or chunk) > 1) for r in records)
-
-
-def _compile_under_graphs(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any]
-) -> tuple[Any, str | None]:
-    """compile_fx(gm) with triton.cudagraphs on, and why Inductor declined to run its forward under
-    CUDA graphs (its cudagraph_skips counter rose: mutated inputs, CPU tensors, an op graphs cannot
-    hold), or None. The reason is Inductor's own warning ("skipping cudagraphs due to ..."), caught
-    here for the report."""
-    from torch._dynamo.utils import counters
-    from torch._inductor.cudagraph_utils import cudagraphs_log
-
-    caught = _Caught()
-    before = counters["inductor"]["cudagraph_skips"]
-    cudagraphs_log.addHandler(caught)
-    try:
-        fn = compile_fx(gm, example_inputs, config_patches={**patches, "triton.cudagraphs": True})
-    finally:
-        cudagraphs_log.removeHandler(caught)
-    if counters["inductor"]["cudagraph_skips"] == before:
-        return fn, None
-    if not caught.messages:  # Inductor warns of no reason for a graph without CUDA tensors, or by a policy
-        return fn, "it gave no reason"
-    return fn, caught.messages[-1].splitlines()[0]  # "skipping cudagraphs due to ...", without its stack
-
-
-class _Caught(logging.Handler):
-    """Keeps the messages of the warnings it is handed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def sparse_backend(
     gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | None = None, options: dict | None = None
 ):
@@ -169,19 +90,10 @@ def sparse_backend(
     opts = BackendOptions.parse(options, mode)
     patches = _inductor_patches(opts)
     graph_id = next(_graph_ids)
-    sparse_gm, report = plan(gm, opts, graph_id)
     sparse_patches = {**patches, "post_grad_custom_post_pass": SourceHashPass()}
-    sparse_fn = None
-    sites = [s.record for s in report.sites]
-    # sites that pay only under CUDA graphs (turned on by small_ffn or the mode; not where small_ffn='sparse'
-    # asks for them regardless) run sparse only if Inductor runs the graph under them
-    if report.cuda_graphs and opts.config.small_ffn != "sparse" and _graph_sites(sites, opts.config.chunk):
-        sparse_fn, declined = _compile_under_graphs(sparse_gm, example_inputs, sparse_patches)
-        if declined is None and report.auto_graphs:  # both variants: the two phases share one memory pool
-            patches["triton.cudagraphs"] = True
-        elif declined is not None:  # without graphs those sites stay dense (the size rule); the report says why
-            sparse_gm, report = plan(gm, opts, graph_id, graphs_declined=declined)
-            sparse_fn = None
+    sparse_gm, report, sparse_fn, patches = cuda_graphs.compile_sparse(
+        gm, example_inputs, opts, graph_id, patches, sparse_patches
+    )
     with _lock:
         _reports.append(report)
     _log.info("%s", report)

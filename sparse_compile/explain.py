@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from sparse_compile.backend import plan
+from sparse_compile.cuda_graphs import plan
 from sparse_compile.options import BackendOptions
 from sparse_compile.report import Report
 from sparse_compile.schema import SparsityConfig

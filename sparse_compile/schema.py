@@ -145,8 +145,8 @@ class SparsityConfig:
     min_hidden: FFNs with a smaller hidden size stay dense.
     small_ffn: CUDA sites too small to pay, by a size rule on T x d x h (sparse_compile/passes/
         size_rule.py). "graphs" (default): a site that pays only with CUDA graphs runs sparse and its
-        graph runs as CUDA graphs in both phases, where that is possible (size_rule.py says where
-        not); smaller sites stay dense, and the report says so per site. "dense": they stay dense
+        graph runs as CUDA graphs in both phases, where that is possible (sparse_compile/cuda_graphs.py
+        says where not); smaller sites stay dense, and the report says so per site. "dense": they stay dense
         and nothing turns CUDA graphs on. "sparse": they run sparse anyway.
     masked_decay: lambda of masked decay, grad(W) += lambda * (1 - M) * W (needs weights="2:4").
     weight_copies: under autocast, float32 weights reach the sparse op as compute-dtype copies.

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import sparse_compile.backend as backend
+import sparse_compile.cuda_graphs as cuda_graphs
 import sparse_compile.passes as passes
 import sparse_compile.report as report
 from sparse_compile import SparsityConfig, explain
@@ -28,7 +29,7 @@ def as_cuda(monkeypatch):
     monkeypatch.setattr(size_rule, "SMALL_FFN", {False: (2**20, 2**18), True: (2**20, 2**18)})
     monkeypatch.setattr(passes, "small_site_reason", lambda work, device, graphs, chunked: size_rule.small_site_reason(
         work, "cuda", graphs, chunked))  # fmt: skip
-    for module in (backend, report):
+    for module in (cuda_graphs, report):
         monkeypatch.setattr(module, "graphs_pay", lambda work, device, chunked: size_rule.graphs_pay(
             work, "cuda", chunked))  # fmt: skip
 
@@ -40,7 +41,7 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
 
 def test_the_rule_s_parts():
     assert SparsityConfig(activations="16:2:8").small_ffn == "graphs"
-    blocker = size_rule.auto_graphs_blocker
+    blocker = cuda_graphs.auto_graphs_blocker
     assert blocker(None, {}, False, 1) is None and blocker("default", None, False, 1) is None
     assert blocker(None, {"triton.cudagraphs": False}, False, 1) == "the inductor option triton.cudagraphs=False"
     assert "max-autotune-no-cudagraphs" in blocker("max-autotune-no-cudagraphs", {}, False, 1)
@@ -48,7 +49,7 @@ def test_the_rule_s_parts():
     assert "a run of 2 processes" in blocker(None, {}, False, 2)
     dynamic = "dynamic shapes (cudagraph trees record one graph per size; not measured)"
     assert blocker(None, {}, False, 1, True) == dynamic
-    with_graphs = size_rule.bounds_with_graphs
+    with_graphs = cuda_graphs.bounds_with_graphs
     assert with_graphs("graphs", None, {}, False, 1, True) == (False, dynamic)
     assert with_graphs("graphs", "reduce-overhead", {}, False, 1, True) == (True, None)
     assert with_graphs("dense", "reduce-overhead", {}, True, 4) == (True, None)  # the mode's graphs
@@ -64,7 +65,7 @@ def test_the_rule_s_parts():
     assert not size_rule.graphs_pay(float("inf"), "cuda", True)
     # under the bound with graphs the reason is what was measured to pay with them, not host work
     graphs_reason = size_rule.small_site_reason(3.3e10, "cuda", True, chunked=True)
-    assert "under the smallest size measured to pay with them (125M's 3.9e10" in graphs_reason
+    assert "under the smallest size measured to pay with them (bench/RESULTS.md, section 2)" in graphs_reason
     assert "host work" not in graphs_reason and "host work" in size_rule.small_site_reason(3.3e10, "cuda", False)
     with pytest.raises(ValueError, match=r"small_ffn='auto': expected one of \('graphs', 'dense', 'sparse'\)"):
         SparsityConfig(activations="16:2:8", small_ffn="auto")
@@ -96,7 +97,7 @@ def test_a_site_that_pays_with_graphs_runs_sparse_under_them(as_cuda):
 def test_where_graphs_are_ruled_out_the_site_stays_dense_and_the_report_says_why(
     as_cuda, monkeypatch, options, processes, why
 ):
-    monkeypatch.setattr(backend, "_processes", lambda: processes)
+    monkeypatch.setattr(cuda_graphs, "processes", lambda: processes)
     model, x = _model()
     report = explain(model, x, config={"activations": "16:2:8", **options})
     assert not report.sparse_sites and not report.cuda_graphs and not report.auto_graphs
@@ -131,7 +132,8 @@ def _recording_compiles(monkeypatch, accept_graphs: bool, skip_message: str | No
             log_cudagraph_skip_and_bump_counter(skip_message)
         return fn
 
-    monkeypatch.setattr(backend, "compile_fx", recording)
+    for module in (backend, cuda_graphs):  # the dense and plain sparse compiles, the one under CUDA graphs
+        monkeypatch.setattr(module, "compile_fx", recording)
     return patches
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports, dense_phase
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
+from sparse_compile.options import BackendOptions
 
 
 class Block(nn.Module):
@@ -101,7 +102,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_sparse_phase_matches_oracle(name):
     options = CONFIGS[name]
-    config = sparse_compile.config.BackendOptions.parse(options).config
+    config = BackendOptions.parse(options).config
     model = Stack()
     ref = copy.deepcopy(model)
     x = torch.randn(2, 64, 32)
@@ -395,8 +396,8 @@ def test_report_notes_small_cuda_sites_run_sparse_by_request():
     sites do not."""
     import math
 
+    from sparse_compile.cuda_graphs import uses_cuda_graphs
     from sparse_compile.passes import SiteRecord
-    from sparse_compile.passes.size_rule import uses_cuda_graphs
     from sparse_compile.report import HOST_HINT, Report
 
     def site(work: float, device: str = "cuda", sparse: bool = True) -> SiteRecord:
@@ -428,7 +429,7 @@ def test_small_cuda_sites_stay_dense_by_the_size_rule(monkeypatch):
     reason, in the pass itself (CPU sites never do; the test treats its CPU site as CUDA); 'sparse'
     keeps it sparse; the bound depends on CUDA graphs only through the compile mode."""
     import sparse_compile.passes as passes
-    from sparse_compile import explain
+    from sparse_compile import cuda_graphs, explain
     from sparse_compile.passes import size_rule
 
     from .ffn_zoo import SquaredReLU
@@ -445,10 +446,10 @@ def test_small_cuda_sites_stay_dense_by_the_size_rule(monkeypatch):
     assert size_rule.small_site_reason(3.9e10, "cuda", True, chunked=True) is None
     assert "3.4e+10 with CUDA graphs" in size_rule.small_site_reason(3.3e10, "cuda", True, chunked=True)
     assert "lowers the bound to 3.4e+10" in size_rule.small_site_reason(3.9e10, "cuda", False, chunked=True)
-    assert size_rule.uses_cuda_graphs("reduce-overhead") and size_rule.uses_cuda_graphs("max-autotune")
-    assert not size_rule.uses_cuda_graphs(None) and not size_rule.uses_cuda_graphs("max-autotune-no-cudagraphs")
-    assert size_rule.uses_cuda_graphs(None, {"triton.cudagraphs": True})
-    assert not size_rule.uses_cuda_graphs("reduce-overhead", {"triton.cudagraphs": False})
+    assert cuda_graphs.uses_cuda_graphs("reduce-overhead") and cuda_graphs.uses_cuda_graphs("max-autotune")
+    assert not cuda_graphs.uses_cuda_graphs(None) and not cuda_graphs.uses_cuda_graphs("max-autotune-no-cudagraphs")
+    assert cuda_graphs.uses_cuda_graphs(None, {"triton.cudagraphs": True})
+    assert not cuda_graphs.uses_cuda_graphs("reduce-overhead", {"triton.cudagraphs": False})
     with pytest.raises(ValueError, match="small_ffn='tiny'"):
         SparsityConfig(activations="16:2:8", small_ffn="tiny")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.kernels.activation_mask import block_scores, vnm_compact_ref, vnm_mask
+from sparse_compile.options import BackendOptions
 
 from .oracle import oracle_ffn
 from .test_gather_op import _inputs, _run_vnm
@@ -138,4 +138,4 @@ def test_op_spec_round_trip():
     config = SparsityConfig(activations="64:2:8", causal=True)
     assert config.op_spec().endswith(";causal=1") and parse_spec(config.op_spec()).causal
     assert not parse_spec(SparsityConfig(activations="64:2:8").op_spec()).causal
-    assert sparse_compile.config.BackendOptions.parse({"activations": "64:2:8", "causal": True}).config.causal
+    assert BackendOptions.parse({"activations": "64:2:8", "causal": True}).config.causal
