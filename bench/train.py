@@ -99,16 +99,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lr",
         type=float,
-        help="peak learning rate (default: 2e-3 CPU, 5e-4 CUDA: five dense CUDA seeds end 0.46%% apart at "
-        "0.673, std 0.19%% of the mean; at 1e-3 1.47%% apart)",
+        help="peak learning rate (default: 2e-3 CPU, 5e-4 CUDA, where the dense seeds end closest together: "
+        "bench/RESULTS.md section 1)",
     )
     p.add_argument(
         "--lr-warmup-frac",
         type=_fraction,
         default=0.5,
         help="learning-rate warm-up: linear from 0 over this fraction of the steps, then cosine to 0.1 x peak "
-        "(default 0.5: at peak lr 1e-3 five dense CUDA seeds end at 0.673, std 0.6%% of the mean; with 0.05 at "
-        "0.864, std 1.6%%)",
+        "(default 0.5, under which the dense seeds end lower and closer together than with a short warm-up)",
     )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
     p.add_argument("--warmup-frac", type=_fraction, default=WARMUP_FRAC, help="dense warm-up: first fraction of steps")
@@ -279,9 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def untimed_steps(start: int, schedule: sparse_compile.PhaseSchedule) -> set[int]:
     """Steps left out of the tokens/s: the first two of a process (compile) and of each segment (a
     phase switch: the first sparse step autotunes and compiles the Triton kernels, seconds on a GPU;
-    under CUDA graphs a graph's first call runs it eagerly and its second records it; an 80-step
-    run on an H100 read 0.872x for its sparse steps timing each segment's second step, 1.136x in its
-    logged intervals after them), and with dense_every the first dense step in the sparse window
+    under CUDA graphs a graph's first call runs it eagerly and its second records it, so the second
+    is no steady-state step either), and with dense_every the first dense step in the sparse window
     (its dense variant compiles there where warm-up is 0)."""
     steps = {start, start + 1}
     for first in (schedule.dense_warmup_steps, schedule.dense_from_step):

@@ -12,8 +12,8 @@ from sparse_compile.schema import SparsityConfig
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
 HOST_HINT = (
     "note: {n} CUDA site(s) under the small-FFN bound (T x d x h < {bound:.2g} {graphs} CUDA graphs) run sparse "
-    "because small_ffn='sparse': each adds about 1.5 ms of host work per step, measured slower than dense there "
-    "(bench/RESULTS.md section 2; passes/size_rule.py)"
+    "because small_ffn='sparse': each adds host work per step (its Python, dispatch and launches), measured slower "
+    "than dense there (bench/RESULTS.md section 2; passes/size_rule.py)"
 )
 
 AUTO_GRAPHS_NOTE = (
