@@ -177,7 +177,8 @@ class SparsityConfig:
             value = getattr(self, name)
             if not valid(value):
                 raise ValueError(f"SparsityConfig.{name}={value!r}: expected {expected}")
-        # chunk, causal and permute act on the blocks of V > 1 tokens of a V:N:M pattern
+        # chunk, causal and permute act on the blocks of V > 1 tokens of a V:N:M pattern (chunk and permute
+        # also on per-token chunks, 1:4:M)
         no_blocks = self.activations is None or parse_activation_pattern(self.activations)[0] == 1
         if self.chunk > 1 and (self.activations is None or (no_blocks and self.activation_pattern[1] != 4)):
             raise ValueError(
