@@ -48,6 +48,20 @@ def test_reference_matches_a_loop_and_keeps_chunks_whole(v, n, m, c):
     assert not (blocks & ~chunk_used[:, None, :, :, None]).any()
 
 
+def test_top_k_mask_ranks_by_count_ties_to_the_lower_index():
+    """top_k_mask against its definition: an entry is kept where fewer than k entries are larger or
+    equal at a lower index; on integer values with many ties, k from 1 to the width."""
+    from sparse_compile.kernels.activation_mask import top_k_mask
+
+    torch.manual_seed(3)
+    values = torch.randint(0, 4, (50, 3, 8)).float()
+    a, b = values.unsqueeze(-1), values.unsqueeze(-2)
+    idx = torch.arange(8)
+    ahead = ((b > a) | ((b == a) & (idx < idx[:, None]))).sum(-1)
+    for k in range(1, 9):
+        assert torch.equal(top_k_mask(values, k), ahead < k), k
+
+
 def test_chunk_one_is_the_plain_pattern():
     h = torch.randn(64, 64).relu().square()
     assert torch.equal(vnm_mask(h, 16, 2, 8, 1), vnm_mask(h, 16, 2, 8))
