@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-GROUPS = ("FFN GEMMs", "other GEMMs", "sparse kernels", "attention", "optimizer", "other")
+GROUPS = ("FFN GEMMs", "other GEMMs", "sparse kernels", "attention", "optimizer", "collectives", "other")
 _GEMM = re.compile(r"gemm|xmma|nvjet|cutlass|cublas|cusparselt|_mm_|matmul", re.IGNORECASE)
 _GATHER_GEMM = re.compile(r"_gather_[kn]_kernel|_chunk_wgrad_kernel")
 _ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)
@@ -86,6 +86,8 @@ def classify(name: str, stack: Iterable[dict], hidden: int) -> str:
     """The group of a kernel called ``name`` launched under ``stack`` (cpu_op events, outermost first)."""
     stack = list(stack)
     names = [e.get("name", "") for e in stack]
+    if name.startswith("nccl"):  # DDP's all-reduces, FSDP2's all-gathers and reduce-scatters: transfer and wait
+        return "collectives"
     if _ATTENTION.search(name) or any("scaled_dot_product" in n for n in names):
         return "attention"
     if _OPTIMIZER_KERNEL.search(name) or any(_OPTIMIZER_OP.search(n) for n in names):

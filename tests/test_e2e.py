@@ -67,6 +67,9 @@ def test_kernels_are_grouped_by_their_launching_ops():
         _kernel(7, "multi_tensor_apply_kernel", 400),
         _launch(8, 500),
         _kernel(8, "triton_per_fused_native_layer_norm_0", 300),
+        # a collective (DDP's bucket all-reduce, FSDP2's all-gather): its transfer and its wait
+        _launch(9, 600),
+        _kernel(9, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 800),
     ]
     groups, top = breakdown({"traceEvents": events}, hidden=h, steps=2)
     assert set(groups) == set(GROUPS)
@@ -76,13 +79,14 @@ def test_kernels_are_grouped_by_their_launching_ops():
         "sparse kernels": 500 / 2e3,
         "attention": 1500 / 2e3,
         "optimizer": 400 / 2e3,
+        "collectives": 800 / 2e3,
         "other": 300 / 2e3,
     }
     for g, ms in want.items():
         assert math.isclose(groups[g], ms), (g, groups[g], ms)
     assert top[0][0] == "FFN GEMMs" and top[0][2] == max(ms for _, _, ms in top)
-    # the host side: 8 launches in 2 steps, 3 of them inside the sparse op (100..300 us)
-    assert host({"traceEvents": events}, steps=2) == {"launches": 4.0, "sparse launches": 1.5, "sparse op host ms": 0.1}
+    # the host side: 9 launches in 2 steps, 3 of them inside the sparse op (100..300 us)
+    assert host({"traceEvents": events}, steps=2) == {"launches": 4.5, "sparse launches": 1.5, "sparse op host ms": 0.1}
     assert classify("triton_poi_fused_mul_0", [], h) == "other"
 
 
@@ -264,3 +268,31 @@ def test_dense_phase_steps_run_in_the_dense_phase_and_time_all_but_two(tmp_path)
     assert "dense phase" in (out / "summary.txt").read_text()
     with pytest.raises(SystemExit):
         e2e_main([*argv, "--dense-steps", "2"])
+
+
+def test_multi_gpu_runs_one_ddp_and_fsdp_into_one_table(tmp_path):
+    """python -m bench.multi_gpu (CPU, gloo, 2 processes): the one-process run, then DDP and FSDP2 under
+    torchrun against it, merged into one row per engine and configuration: per-GPU tokens/s against
+    one GPU, each engine's speedup over its own dense row and against the one-GPU speedup."""
+    from bench import multi_gpu
+
+    out = tmp_path / "mg"
+    argv = ["--gpus", "2", "--out", str(out), "--timeout", "600", "--"]
+    argv += ["--device", "cpu", "--steps", "1", "--warmup", "1", "--batch-size", "2"]
+    assert multi_gpu.main(argv) == 0, [(out / e / "run.log").read_text()[-2000:] for e in multi_gpu.ENGINES]
+    rows = list(csv.DictReader(open(out / "multi_gpu.csv")))
+    assert [(r["engine"], r["config"], r["gpus"]) for r in rows] == [
+        ("one", "dense", "1"), ("one", "default", "1"), ("ddp", "dense", "2"), ("ddp", "default", "2"),
+        ("fsdp", "dense", "2"), ("fsdp", "default", "2"),
+    ]  # fmt: skip
+    for r in rows:
+        assert float(r["tokens_per_s_per_gpu"]) > 0 and float(r["vs_one_gpu"]) > 0
+        assert float(r["speedup_vs_one_gpu_speedup"]) > 0
+    one = {r["config"]: r for r in rows if r["engine"] == "one"}
+    assert float(one["default"]["speedup_vs_one_gpu_speedup"]) == 1.0 and one["dense"]["vs_one_gpu"] == "1.0"
+    summary = (out / "summary.txt").read_text()
+    assert "one GPU's" in summary and "collectives" in summary and "fsdp" in summary
+    with pytest.raises(SystemExit):
+        multi_gpu.main(["--gpus", "1"])
+    with pytest.raises(SystemExit):
+        multi_gpu.main(["--configs", "default"])
