@@ -29,7 +29,8 @@ Per configuration:
                the sparse backend's per-shape kernel choices); shorter when the gather kernels'
                tuning for these shapes is already on disk (the "tuned kernels" field of the CSV)
   GPU ms/step  a torch.profiler trace of --profile-steps steps, grouped by bench/step_profile.py
-               (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, other)
+               (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, NCCL
+               collectives, other)
   host side    from the same trace: kernel launches per step, and the CPU ms per step spent inside
                sparse_compile:: ops (profiled, so longer than unprofiled; for comparing configurations);
                host.csv: the CPU-side calls with the most self time per step, inside those ops and
