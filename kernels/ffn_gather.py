@@ -56,7 +56,7 @@ def f1_on_scoring_rows(v: int, n: int, chunk: int, causal: bool, score_rows: int
     return chunk > 1 and causal and score_rows is not None and score_rows < v and n == 4 and f1_alg is None
 
 
-def _w2t(w2: torch.Tensor, chunk: int) -> torch.Tensor:
+def w2t_for_gather(w2: torch.Tensor, chunk: int) -> torch.Tensor:
     """W2^T [h, d] for the gathers: with chunks (ids in runs of chunk units) the view w2.t(), read in
     place along the runs (no copy), when w2 has contiguous rows; else a contiguous copy."""
     return w2.t() if chunk > 1 and w2.stride(1) == 1 else transpose_copy(w2)
@@ -103,7 +103,7 @@ def sqrelu_ffn_forward_gather(
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
     else:
-        y = gather_k_mm(h_c, ids, _w2t(w2, chunk), v, b2, chunk=chunk)
+        y = gather_k_mm(h_c, ids, w2t_for_gather(w2, chunk), v, b2, chunk=chunk)
     return y, r_c, ids
 
 
@@ -131,7 +131,8 @@ def sqrelu_ffn_backward_gather(
     _check_chunk(v, m, chunk, dense, weight_grad)
     if chunk > 1:  # B1 also writes its row tiles' column sums (db1's first step) and H~ = R~^2 for B2
         h_c = torch.empty_like(r_c, memory_format=torch.contiguous_format)
-        dz_c, tile_sums = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
+        w2t = w2t_for_gather(w2, chunk)
+        dz_c, tile_sums = gather_n_mm(dy, w2t, ids, v, r_c, chunk=chunk, tile_sums=True, square_out=h_c)
         hidden = w1.shape[0]
         csr, order = chunk_plan(ids, chunk, hidden)  # B2's and B4's lists and program order, built once
         dw2 = chunk_wgrad(h_c, ids, dy, v, chunk, hidden, transpose=True, csr=csr, order=order)
@@ -143,7 +144,7 @@ def sqrelu_ffn_backward_gather(
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
-        dz_c = gather_n_mm(dy, _w2t(w2, chunk), ids, v, r_c)
+        dz_c = gather_n_mm(dy, w2t_for_gather(w2, chunk), ids, v, r_c)
     h = vnm_scatter(r_c, ids, v, m, square=True)
     if weight_grad is None:
         dw2 = dy.t() @ h

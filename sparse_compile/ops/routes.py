@@ -94,35 +94,19 @@ def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | 
             s.hs.pop(0)
 
 
-def _set(s: RouteSite, name: str, value: torch.Tensor) -> None:
-    old = getattr(s, name)
-    if old is not None and old.shape == value.shape and old.dtype == value.dtype and old.device == value.device:
-        old.copy_(value)
-    else:
-        setattr(s, name, value.clone())
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, dict[str, float]]:
     """Fit every site with a recorded sample; clear the samples. Returns each refitted site's sample
     kept masses ({"oracle": .., "routed": ..}). Under torch.distributed, call on every rank."""
     done = {}
-    distributed = _distributed()
-    first = 0 if group is None or not distributed else torch.distributed.get_global_rank(group, 0)
     for name in sorted(n for n, s in _sites.items() if s.xs):
         s = _sites[name]
         _, _, m = s.pattern
         fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk)
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
-        if distributed:  # every rank runs the first rank's fit
-            for t in tensors.values():
-                torch.distributed.broadcast(t, src=first, group=group)
+        unit_perms.broadcast_from_first(list(tensors.values()), group)  # every rank runs the first rank's fit
         for key, value in tensors.items():
-            _set(s, key, value)
-        _set(s, "cols", group_columns(s.groups, m, s.chunk))
+            setattr(s, key, unit_perms.store(getattr(s, key), value))
+        s.cols = unit_perms.store(s.cols, group_columns(s.groups, m, s.chunk))
         s.fitted = {"oracle": fit.oracle_kept, "routed": fit.routed_kept}
         s.xs.clear()
         s.hs.clear()

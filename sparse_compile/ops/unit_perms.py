@@ -110,17 +110,27 @@ def probe_units() -> Iterator[None]:
         _probing = previous
 
 
-def _set(site: _Site, perm: torch.Tensor) -> None:
-    """Store ``perm`` in place where the site has one of its size (its address stays the same, so a
-    captured CUDA graph reads the new values), else as a new tensor."""
-    if site.perm is not None and site.perm.shape == perm.shape:
-        site.perm.copy_(perm)
-    else:
-        site.perm = perm.clone()
+def store(old: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """The tensor a site keeps for ``value``: ``old`` updated in place where it has value's shape,
+    dtype and device (its address stays the same, so a captured CUDA graph reads the new values),
+    else a copy of ``value``. Serves the permutations here and the routed sites' state (routes.py)."""
+    if old is not None and old.shape == value.shape and old.dtype == value.dtype and old.device == value.device:
+        return old.copy_(value)
+    return value.clone()
 
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def broadcast_from_first(tensors: list[torch.Tensor], group: "torch.distributed.ProcessGroup | None") -> None:
+    """Under torch.distributed, overwrite ``tensors`` on every rank of ``group`` (default: all ranks)
+    with the first rank's, so every rank runs the same fit; else nothing."""
+    if not _distributed():
+        return
+    first = 0 if group is None else torch.distributed.get_global_rank(group, 0)
+    for t in tensors:
+        torch.distributed.broadcast(t, src=first, group=group)
 
 
 def _recorded(group: "torch.distributed.ProcessGroup | None") -> list[tuple[str, torch.Tensor]]:
@@ -147,15 +157,12 @@ def recluster(group: "torch.distributed.ProcessGroup | None" = None) -> list[str
     it on every rank of ``group`` (default: all ranks): the fit reads the profiles summed over the
     ranks, and every rank gets the first rank's permutation."""
     done = []
-    distributed = _distributed()
-    first = 0 if group is None or not distributed else torch.distributed.get_global_rank(group, 0)
     for name, profiles in _recorded(group):
         site = _sites[name]
         _, _, m = site.pattern
         perm = cluster_units(profiles, m, site.chunk)
-        if distributed:  # the same fit on the same sums; sent anyway, so ranks never differ
-            torch.distributed.broadcast(perm, src=first, group=group)
-        _set(site, perm)
+        broadcast_from_first([perm], group)  # the same fit on the same sums; sent anyway, so ranks never differ
+        site.perm = store(site.perm, perm)
         site.profiles.clear()
         done.append(name)
     return done
@@ -175,7 +182,7 @@ def load_unit_permutations(perms: dict[str, torch.Tensor]) -> None:
         site = _sites.get(name)
         if site is None:
             site = _sites[name] = _Site((0, 0, 0), 1)  # pattern filled in by the op's first call
-        _set(site, perm)
+        site.perm = store(site.perm, perm)
 
 
 def reset_units() -> None:
