@@ -15,26 +15,12 @@ The routing here is random (each token k distinct chunks), which balances the ch
 
 import argparse
 import functools
-import statistics
-from collections.abc import Callable
+import sys
 
 import torch
 
-
-def _time(fn: Callable[[], object], reps: int) -> float:
-    """Median milliseconds of fn over reps calls (CUDA events), after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
+from bench.ffn import median_ms
+from bench.gpu_timing import start_gpu_bench
 
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # Y, dX, dW1, dW2
 
@@ -110,22 +96,23 @@ def random_choice(t: int, e: int, k: int, device: torch.device) -> torch.Tensor:
     return torch.rand(t, e, device=device).topk(k, dim=1).indices
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.grouped_chunks", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--d", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--chunks", default="32,64,128,256,512")
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=20, help="median over reps x 10 ms of calls")
     p.add_argument("--profile", action="store_true", help="print each chunk size's CUDA kernels by total time")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    start_gpu_bench(p, "python -m bench.grouped_chunks", argv)
     dev, dt = torch.device("cuda"), torch.bfloat16
     t, d, h = a.tokens, a.d, a.hidden
     x, dy = torch.randn(t, d, device=dev, dtype=dt), torch.randn(t, d, device=dev, dtype=dt)
     w1 = torch.randn(h, d, device=dev, dtype=dt) / d**0.5
     w2 = torch.randn(d, h, device=dev, dtype=dt) / h**0.5
-    dense = _time(functools.partial(dense_ffn, x, w1, w2, dy), a.reps)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; T={t} d={d} h={h}, keep 1/4")
+    dense = median_ms(functools.partial(dense_ffn, x, w1, w2, dy), dev, a.reps)
+    print(f"T={t} d={d} h={h}, keep 1/4")
     print(f"dense FFN fwd+bwd: {dense:.3f} ms ({6 * 2 * t * d * h / dense / 1e9:.0f} TFLOP/s)")
     print("chunk,k,grouped_ms,dense_ms,speedup_vs_dense,max_rel_err")
     for c in (int(s) for s in a.chunks.split(",")):
@@ -134,7 +121,7 @@ def main() -> None:
         run = functools.partial(grouped_ffn, x, *chunk_weights(w1, w2, e), dy, *routing(choice, e), k)
         ref = masked_ffn(x, w1, w2, dy, choice, e)
         err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(run(), ref, strict=True))
-        ms = _time(run, a.reps)
+        ms = median_ms(run, dev, a.reps)
         print(f"{c},{k},{ms:.3f},{dense:.3f},{dense / ms:.3f},{err:.1e}")
         if a.profile:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -145,4 +132,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
