@@ -32,7 +32,8 @@ ENGINES = ("one", "ddp", "fsdp")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> str:
+def free_port() -> str:
+    """A TCP port on 127.0.0.1 free now, for torchrun's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
@@ -47,7 +48,7 @@ def commands(gpus: int, e2e_args: list[str], out: Path) -> dict[str, tuple[list[
     }
     for mode in ("ddp", "fsdp"):
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus)]
-        torchrun += ["--master-port", _free_port(), "-m", "bench.e2e", *e2e_args, "--distributed", mode]
+        torchrun += ["--master-port", free_port(), "-m", "bench.e2e", *e2e_args, "--distributed", mode]
         runs[mode] = ([*torchrun, "--baseline", str(out / "one" / "e2e.csv"), "--out", str(out / mode)], {})
     return runs
 

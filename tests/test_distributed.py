@@ -2,7 +2,6 @@
 
 import csv
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,11 @@ import torch
 
 import sparse_compile
 from bench.model import GPT
+from bench.multi_gpu import free_port
 
 from .ddp_worker import CFG, OPTIONS, train
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float, mode: str = "ddp", options: dict | None = None) -> dict:
@@ -30,7 +24,7 @@ def _run_ddp(tmp_path, optimize_ddp: bool, bucket_mb: float, mode: str = "ddp", 
         sys.executable,
         "-m",
         "tests.ddp_worker",
-        _free_port(),
+        free_port(),
         str(out),
         mode,
         "1" if optimize_ddp else "0",
@@ -115,7 +109,7 @@ def _train(out: Path, batch_size: int, mode: str = "none", extra: tuple[str, ...
     """bench.train (sparse run only, 4 steps), under torchrun with 2 ranks unless mode is none; its log."""
     cmd = [sys.executable]
     if mode != "none":
-        cmd += ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port()]
+        cmd += ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", free_port()]
     cmd += ["-m", "bench.train", "--distributed", mode, "--runs", "sparse", "--steps", "4"]
     # sequences of 128 tokens: the default's causal V=128 blocks, one per sequence on every rank
     cmd += ["--batch-size", str(batch_size), "--seq-len", "128", "--log-every", "2", "--eval-every", "2"]
@@ -175,7 +169,7 @@ def test_recluster_under_torch_distributed_gives_every_rank_the_fit_of_the_summe
     out = tmp_path / "units.json"
     log = tmp_path / "units.log"
     with open(log, "w") as f:
-        done = subprocess.run([sys.executable, "-m", "tests.units_worker", _free_port(), str(out)], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "tests.units_worker", free_port(), str(out)], cwd=ROOT,
                               stdout=f, stderr=subprocess.STDOUT, timeout=300)  # fmt: skip
     assert done.returncode == 0, log.read_text()[-3000:]
     r0, r1 = json.loads(out.read_text())
@@ -222,7 +216,7 @@ def test_fsdp_param_dtype_reaches_the_blocks_not_the_root(dtype):
     """FSDPOptions(param_dtype=...): inside their forward every block's parameters are that dtype
     (FSDP2's MixedPrecisionPolicy on the units), the embedding stays float32; before the forward the
     blocks hold their shards (DTensors), after it the gathered parameters (no resharding by default)."""
-    cmd = [sys.executable, "-c", FSDP_DTYPES, _free_port(), dtype]
+    cmd = [sys.executable, "-c", FSDP_DTYPES, free_port(), dtype]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     blocks = {i: [dtype] for i in range(5)}

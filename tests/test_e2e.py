@@ -3,7 +3,6 @@
 import csv
 import gc
 import math
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 
 from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, GcTimer, backend_options, kernel_fn_timer, ungroup_graphs
 from bench.e2e import main as e2e_main
+from bench.multi_gpu import free_port
 from bench.step_profile import GROUPS, breakdown, classify, host, host_calls
 
 
@@ -230,11 +230,8 @@ def test_e2e_under_torchrun_against_one_process(tmp_path, mode):
     one = tmp_path / "one"
     common = ["--device", "cpu", "--configs", "dense", "default", "--steps", "1", "--warmup", "1", "--batch-size", "2"]
     assert e2e_main([*common, "--out", str(one)]) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     out = tmp_path / mode
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", free_port()]
     cmd = [*torchrun, "-m", "bench.e2e", "--distributed", mode, *common, "--baseline", str(one / "e2e.csv")]
     cmd += ["--out", str(out), "--host-profile", "--profile-steps", "1"]
     log = tmp_path / f"{mode}.log"
