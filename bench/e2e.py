@@ -30,7 +30,9 @@ Per configuration:
                tuning for these shapes is already on disk (the "tuned kernels" field of the CSV)
   GPU ms/step  a torch.profiler trace of --profile-steps steps, grouped by bench/step_profile.py
                (FFN GEMMs, other GEMMs, the sparse path's own kernels, attention, optimizer, NCCL
-               collectives, other)
+               collectives, other); under torchrun the collectives' time split into transfer and
+               wait (every rank's trace: per collective, transfer is its shortest kernel over the
+               ranks, rank 0's wait the rest of its own)
   host side    from the same trace: kernel launches per step, and the CPU ms per step spent inside
                sparse_compile:: ops (profiled, so longer than unprofiled; for comparing configurations);
                host.csv: the CPU-side calls with the most self time per step, inside those ops and
@@ -78,7 +80,7 @@ from bench import distributed
 from bench.data import Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from bench.step_profile import GROUPS, breakdown, host, host_calls
+from bench.step_profile import GROUPS, breakdown, collective_kernels, host, host_calls, split_collectives
 from sparse_compile.config import BackendOptions, options_from_text
 
 # groups that need the launching op: under CUDA graphs their kernels fall in GRAPH_GROUP
@@ -332,8 +334,13 @@ def run_one(
                 for i in range(args.profile_steps):
                     step(i)
                 sync()
-            if d.main:  # rank 0's trace stands for every rank (they run the same steps)
+            if d.main or d.world > 1:
                 prof.export_chrome_trace(str(trace))
+            if d.world > 1:  # every rank's NCCL kernels: transfer and wait (step_profile.split_collectives)
+                per_rank: list = [None] * d.world
+                torch.distributed.all_gather_object(per_rank, collective_kernels(trace))
+                row.update({k: round(v, 2) for k, v in split_collectives(per_rank, args.profile_steps).items()})
+            if d.main:  # rank 0's trace stands for every rank (they run the same steps)
                 groups, kernels = breakdown(trace, hidden=4 * cfg.n_embd, steps=args.profile_steps)
                 row.update({f"{g} ms": round(ms, 2) for g, ms in groups.items()})
                 row["GPU ms"] = round(sum(groups.values()), 2)

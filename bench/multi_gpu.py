@@ -7,8 +7,9 @@ Runs, in order, each as its own process on the same sizes and configurations:
 then writes OUT/multi_gpu.csv and OUT/summary.txt with one row per engine, size and configuration:
   tokens/s per GPU and its ratio to one GPU (the same configuration); the speedup over dense under
   that engine, and its ratio to the one-GPU speedup (1.0: the sparse gain intact); peak memory; the
-  host ms and GPU ms per step; the collectives' kernel ms per step (NCCL kernels in the profiled
-  steps: the transfer and any wait for another rank, not split).
+  host ms and GPU ms per step; the collectives' kernel ms per step (rank 0's NCCL kernels in the
+  profiled steps), split into transfer (per collective, its shortest kernel over the ranks: the
+  last rank to arrive waits for no one) and rank 0's wait for the other ranks.
 Arguments after ``--`` go to every bench.e2e run (e.g. -- --steps 10 --profile-steps 2). On a
 machine without CUDA the runs use the CPU and gloo (for testing the driver).
 
@@ -82,6 +83,8 @@ def merge(out: Path) -> list[dict]:
                     "host_ms": _num(r.get("host_ms", "")),
                     "gpu_ms": _num(r.get("GPU ms", "")),
                     "collectives_ms": _num(r.get("collectives ms", "")),
+                    "transfer_ms": _num(r.get("collectives transfer ms", "")),
+                    "wait_ms": _num(r.get("collectives wait ms", "")),
                     "peak_mem_GiB": _num(r.get("peak_mem_GiB", "")),
                 }
             )
@@ -94,9 +97,11 @@ def merge(out: Path) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     keys = ["engine", "size", "config", "gpus", "tokens_per_s_per_gpu", "vs_one_gpu", "speedup"]
-    keys += ["speedup_vs_one_gpu_speedup", "step_ms", "host_ms", "gpu_ms", "collectives_ms", "peak_mem_GiB"]
+    keys += ["speedup_vs_one_gpu_speedup", "step_ms", "host_ms", "gpu_ms"]
+    keys += ["collectives_ms", "transfer_ms", "wait_ms", "peak_mem_GiB"]
     head = ["engine", "size", "config", "GPUs", "tokens/s\nper GPU", "vs one\nGPU", "speedup\nvs dense"]
-    head += ["speedup vs\none GPU's", "step ms", "host ms", "GPU ms", "collectives\nms", "peak GiB"]
+    head += ["speedup vs\none GPU's", "step ms", "host ms", "GPU ms"]
+    head += ["collectives\nms", "transfer\nms", "wait\nms", "peak GiB"]
     body = [["" if r[k] is None else r[k] for k in keys] for r in rows]
     return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
 
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", nargs="+", default=["dense", "default"], help="bench.e2e --configs")
     p.add_argument("--out", type=Path, default=Path("runs/multi_gpu"))
     p.add_argument("--timeout", type=float, default=None, help="seconds each of the three runs may take")
+    p.add_argument("--resume", action="store_true", help="keep an engine whose OUT/ENGINE/e2e.csv exists (a "
+                   "finished run of an earlier call with the same arguments) instead of running it again")  # fmt: skip
     args = p.parse_args(ours)
     if args.gpus < 2:
         p.error(f"--gpus {args.gpus}: expected at least 2 (DDP and FSDP2 across processes)")
@@ -120,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     for engine, (cmd, env) in commands(args.gpus, e2e_args, args.out).items():
+        if args.resume and (args.out / engine / "e2e.csv").is_file():
+            print(f"{engine}: kept {args.out / engine / 'e2e.csv'} (--resume)", flush=True)
+            continue
         (args.out / engine).mkdir(exist_ok=True)
         log = args.out / engine / "run.log"
         print(f"{engine}: {' '.join(cmd)}", flush=True)

@@ -13,6 +13,13 @@ falls into one group:
                    transposes): any other kernel launched under a sparse_compile:: op
   other            the rest (Inductor's fused elementwise and norm kernels, the loss, copies)
 
+collective_kernels() and split_collectives() split the collectives' kernel time of several ranks'
+traces into transfer and wait. Every rank issues the same collectives in the same order, so the k-th
+NCCL kernel of a name is one collective on every rank. It starts on each rank when that rank
+reaches it and ends on all of them together, once the last rank has arrived and the bytes have
+moved: on the last rank to arrive it takes the transfer alone. So per collective, transfer = the
+shortest of its kernels over the ranks, and a rank's wait = its own kernel time less that.
+
 host() reads the CPU side of the same trace: kernel launches per step, those made inside a
 sparse_compile:: op, and the host time per step spent inside sparse_compile:: ops (the union of
 their spans per thread). host_calls() splits that time by what spends it: the self time (own span
@@ -121,6 +128,35 @@ def breakdown(
         kernels[(group, name)] += ms
     top = sorted(((g, k, ms) for (g, k), ms in kernels.items()), key=lambda r: -r[2])
     return groups, top
+
+
+def collective_kernels(trace: dict | str | Path) -> dict[str, float]:
+    """The NCCL kernels of a trace, each keyed by its name and its rank among the kernels of that name
+    in start order ('ncclDevKernel_AllGather...#3'): microseconds each."""
+    seen: dict[str, int] = defaultdict(int)
+    out: dict[str, float] = {}
+    nccl = [e for e in _events(trace) if e.get("cat") == "kernel" and e.get("name", "").startswith("nccl")]
+    for e in sorted(nccl, key=lambda e: e["ts"]):
+        out[f"{e['name']}#{seen[e['name']]}"] = e.get("dur", 0)
+        seen[e["name"]] += 1
+    return out
+
+
+def split_collectives(per_rank: list[dict[str, float]], steps: int, rank: int = 0) -> dict[str, float]:
+    """ms per step of ``rank``'s collectives: 'collectives transfer ms' (per collective, the shortest
+    of its kernels over the ranks: the last rank to arrive waits for no one) and 'collectives wait
+    ms' (``rank``'s kernel time less that); ``per_rank`` is collective_kernels() of every rank's
+    trace of the same ``steps`` steps. A ValueError if the ranks' collectives differ."""
+    keys = set(per_rank[rank])
+    if any(set(r) != keys for r in per_rank):
+        raise ValueError(f"split_collectives: the ranks' traces hold different collectives "
+                         f"({[len(r) for r in per_rank]} NCCL kernels)")  # fmt: skip
+    transfer = sum(min(r[k] for r in per_rank) for k in keys)
+    mine = sum(per_rank[rank].values())
+    return {
+        "collectives transfer ms": transfer / 1e3 / steps,
+        "collectives wait ms": (mine - transfer) / 1e3 / steps,
+    }
 
 
 def _self_times(items: list[dict], totals: dict[tuple[str, str], list[float]]) -> None:

@@ -13,7 +13,7 @@ import torch
 from bench.e2e import GRAPH_GROUP, GRAPH_UNGROUPED, GcTimer, backend_options, kernel_fn_timer, ungroup_graphs
 from bench.e2e import main as e2e_main
 from bench.multi_gpu import free_port
-from bench.step_profile import GROUPS, breakdown, classify, host, host_calls
+from bench.step_profile import GROUPS, breakdown, classify, collective_kernels, host, host_calls, split_collectives
 
 
 def _op(name: str, ts: float, dur: float, tid: int = 1, dims=None) -> dict:
@@ -88,6 +88,26 @@ def test_kernels_are_grouped_by_their_launching_ops():
     # the host side: 9 launches in 2 steps, 3 of them inside the sparse op (100..300 us)
     assert host({"traceEvents": events}, steps=2) == {"launches": 4.5, "sparse launches": 1.5, "sparse op host ms": 0.1}
     assert classify("triton_poi_fused_mul_0", [], h) == "other"
+
+
+def test_collectives_split_into_transfer_and_each_ranks_wait():
+    """Per collective (the k-th NCCL kernel of a name on every rank), transfer is its shortest kernel
+    over the ranks and a rank's wait the rest of its own: the ranks' kernels end together."""
+
+    def nccl(name: str, start: float, end: float) -> dict:
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": end - start, "tid": 7, "args": {}}
+
+    ag, rs = "ncclDevKernel_AllGather_RING_LL", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"
+    rank0 = [nccl(ag, 500, 540), nccl(ag, 0, 100), nccl(rs, 200, 250), _kernel(1, "sm90_xmma_gemm", 999)]
+    rank1 = [nccl(ag, 70, 100), nccl(rs, 160, 250), nccl(ag, 500, 540)]  # late to the first all-gather
+    per_rank = [collective_kernels({"traceEvents": r}) for r in (rank0, rank1)]
+    assert per_rank[0] == {f"{ag}#0": 100, f"{ag}#1": 40, f"{rs}#0": 50}
+    split = split_collectives(per_rank, steps=2)  # transfer 30 + 50 + 40; rank 0 waits 70 of its 190
+    assert math.isclose(split["collectives transfer ms"], 120 / 2e3)
+    assert math.isclose(split["collectives wait ms"], 70 / 2e3)
+    assert math.isclose(split_collectives(per_rank, steps=2, rank=1)["collectives wait ms"], 40 / 2e3)
+    with pytest.raises(ValueError, match="different collectives"):
+        split_collectives([per_rank[0], collective_kernels({"traceEvents": rank1[:2]})], steps=2)
 
 
 def test_host_time_counts_nested_and_overlapping_sparse_ops_once():
@@ -288,7 +308,14 @@ def test_multi_gpu_runs_one_ddp_and_fsdp_into_one_table(tmp_path):
     one = {r["config"]: r for r in rows if r["engine"] == "one"}
     assert float(one["default"]["speedup_vs_one_gpu_speedup"]) == 1.0 and one["dense"]["vs_one_gpu"] == "1.0"
     summary = (out / "summary.txt").read_text()
-    assert "one GPU's" in summary and "collectives" in summary and "fsdp" in summary
+    assert "one GPU's" in summary and "collectives" in summary and "wait" in summary and "fsdp" in summary
+    # --resume keeps the finished engines' CSVs (no run) and merges them again into the same table
+    stamps = {e: (out / e / "e2e.csv").stat().st_mtime_ns for e in multi_gpu.ENGINES}
+    (out / "summary.txt").unlink()
+    cut = argv.index("--")
+    assert multi_gpu.main([*argv[:cut], "--resume", *argv[cut:]]) == 0
+    assert {e: (out / e / "e2e.csv").stat().st_mtime_ns for e in multi_gpu.ENGINES} == stamps
+    assert (out / "summary.txt").read_text() == summary
     with pytest.raises(SystemExit):
         multi_gpu.main(["--gpus", "1"])
     with pytest.raises(SystemExit):
