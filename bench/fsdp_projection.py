@@ -2,7 +2,7 @@
 
 Projects the step time of dense and sparse (the default) training under FSDP2 at 8 GPUs in one host
 and 64 GPUs in 8 hosts, for the project's 1.3B GPT and a 7B one, from the measured one-GPU step times
-(bench/RESULTS.md section 2) and the 2-GPU FSDP2 measurement (section 5), with published link speeds.
+(bench/RESULTS.md section 2) and the 2-GPU FSDP2 measurement on H200 (section 5), with published link speeds.
 Prints markdown tables: the projection, the 2-GPU check, and where the sparse gain starts shrinking.
 
 The formula, per GPU and per step (weak scaling: every GPU keeps its 8 x 2048 tokens per step):
@@ -66,8 +66,8 @@ ROOT_BYTES = 4  # the root unit (embeddings, final norm) stays fp32 both ways
 
 # Measured step times, ms (bench/RESULTS.md): (dense, default)
 H100_1P3B = (256.61, 174.02)  # section 2, results/h100_e2e_1.3b_default_bf7909d_e2e.csv
-H200_1P3B = (244.31, 162.93)  # section 5, one GPU, results/h200x2_e2e_1.3b_one_73c52fc_e2e.csv
-H200X2_FSDP_1P3B = (253.35, 169.52)  # section 5, FSDP2, results/h200x2_e2e_1.3b_fsdp-unit4_73c52fc_e2e.csv
+H200_1P3B = (244.31, 162.93)  # section 5b, one GPU: results/h200x2_e2e_1.3b_one-ddp-fsdp_73c52fc.csv, engine one
+H200X2_FSDP_1P3B = (253.35, 169.52)  # section 5b, FSDP2: the same file, engine fsdp
 H200X2_FSDP_SPEEDUP = 1.494  # the same file's speedup (from tokens/s)
 H100_1P3B_HOST = (115.25, 80.62)  # host ms per step of section 2's 1.3B rows (the time to enqueue a step)
 
@@ -249,7 +249,7 @@ def calibration(eta: float = EFFICIENCY) -> str:
             "| 1.3B, 2 x H200, FSDP2 | dense step ms | sparse step ms | per GPU vs one GPU, dense / sparse "
             "| sparse speedup |",
             "|---|---|---|---|---|",
-            f"| measured (section 5; one GPU {one:.3f}x) | {meas[0]:.2f} | {meas[1]:.2f} "
+            f"| measured (2 x H200; one GPU {one:.3f}x) | {meas[0]:.2f} | {meas[1]:.2f} "
             f"| {m_per_gpu[0]:.3f} / {m_per_gpu[1]:.3f} | {m_speedup:.3f}x |",
             f"| model, comm {r.comm:.1f} ms, exposed {r.exposed:.1f} ms, no fixed cost | {bare.steps[0]:.2f} "
             f"| {bare.steps[1]:.2f} | {bare.per_gpu[0]:.3f} / {bare.per_gpu[1]:.3f} | {bare.speedup:.3f}x |",

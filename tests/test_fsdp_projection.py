@@ -13,9 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RES = ROOT / "bench" / "results"
 
 
-def _e2e(name: str, config: str) -> dict[str, str]:
+H200X2 = "h200x2_e2e_1.3b_one-ddp-fsdp_73c52fc.csv"  # one GPU, DDP and FSDP2 (column engine)
+
+
+def _e2e(name: str, config: str, engine: str | None = None) -> dict[str, str]:
     with open(RES / name, newline="") as f:
-        return next(r for r in csv.DictReader(f) if r["config"] == config)
+        return next(r for r in csv.DictReader(f) if r["config"] == config and r.get("engine") in (engine, None))
 
 
 def test_comm_time_by_hand():
@@ -30,7 +33,7 @@ def test_comm_time_by_hand():
 def test_bytes_and_params():
     m = fp.M1P3B
     assert m.params == 1_209_126_912  # bench.e2e's params_M
-    assert f"{m.params / 1e6:.1f}" == _e2e("h200x2_e2e_1.3b_fsdp-unit4_73c52fc_e2e.csv", "dense")["params_M"]
+    assert f"{m.params / 1e6:.1f}" == _e2e(H200X2, "dense", "fsdp")["params_M"]
     assert m.units == 6 and fp.M7B.units == 8
     assert round(fp.M7B.params / 1e9, 2) == 6.45
     root = m.root_params * 8
@@ -103,13 +106,12 @@ def test_no_comm_limit_at_8_and_64_gpus_with_16k_tokens():
 
 
 def test_measured_inputs_are_the_raw_files():
-    one = "h200x2_e2e_1.3b_one_73c52fc_e2e.csv"
-    fsdp = "h200x2_e2e_1.3b_fsdp-unit4_73c52fc_e2e.csv"
     h100 = "h100_e2e_1.3b_default_bf7909d_e2e.csv"
-    for name, want in ((h100, fp.H100_1P3B), (one, fp.H200_1P3B), (fsdp, fp.H200X2_FSDP_1P3B)):
-        assert tuple(float(_e2e(name, c)["step_ms"]) for c in ("dense", "default")) == want, name
+    for name, engine, want in ((h100, None, fp.H100_1P3B), (H200X2, "one", fp.H200_1P3B),
+                               (H200X2, "fsdp", fp.H200X2_FSDP_1P3B)):  # fmt: skip
+        assert tuple(float(_e2e(name, c, engine)["step_ms"]) for c in ("dense", "default")) == want, name
     assert tuple(float(_e2e(h100, c)["host_ms"]) for c in ("dense", "default")) == fp.H100_1P3B_HOST
-    assert float(_e2e(fsdp, "default")["speedup"]) == fp.H200X2_FSDP_SPEEDUP
+    assert float(_e2e(H200X2, "default", "fsdp")["speedup"]) == fp.H200X2_FSDP_SPEEDUP
 
 
 def test_two_gpu_check():
