@@ -16,6 +16,10 @@ pattern scored on the previous block's last S rows only ({"causal": true, "score
 the units' own order, with "agree": the fraction of the (block, group) chunk choices equal to the
 causal pattern's. --no-cluster skips the clustering variants.
 
+With --tile-union V,.. (per-token patterns, 1:4:McC): also, for each variant's units, the work of
+an exact tiled layout (bench/tile_union.py): tiles of V tokens in sequence order, and with --routes
+G,.. tokens routed by their own choice to G centroids fitted on the fit batches.
+
 Patterns are V:N:M with an optional chunk, as in the config: 128:2:16c64 is {"activations":
 "128:2:16", "chunk": 64}. Writes a tabulate table and --csv.
 """
@@ -31,6 +35,7 @@ from tabulate import tabulate
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
+from bench.tile_union import layout_work
 from sparse_compile.clustering import block_mass, cluster_units, kept_mass
 from sparse_compile.kernels.activation_mask import vnm_select
 
@@ -84,11 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", help="write the rows here")
     p.add_argument("--score-rows", default="", help="comma-separated S: the causal pattern scored on S rows too")
     p.add_argument("--no-cluster", action="store_true", help="only the units' own order (and --score-rows)")
+    p.add_argument("--tile-union", default="", help="comma-separated V: per-token patterns' tiled work (above)")
+    p.add_argument("--routes", default="", help="comma-separated G: --tile-union with tokens routed to G groups")
     args = p.parse_args(argv)
     try:
         score_rows = [int(s) for s in args.score_rows.split(",") if s.strip()]
+        tiles = [int(s) for s in args.tile_union.split(",") if s.strip()]
+        routes = [int(s) for s in args.routes.split(",") if s.strip()]
     except ValueError:
-        p.error(f"--score-rows {args.score_rows!r}: expected comma-separated ints")
+        p.error(f"--score-rows {args.score_rows!r}, --tile-union {args.tile_union!r}, --routes {args.routes!r}: "
+                "expected comma-separated ints")  # fmt: skip
+    if routes and not tiles:
+        p.error(f"--routes {args.routes}: needs --tile-union")
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     size = args.size or ("125m" if gpu else "tiny")
@@ -98,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         patterns = {text: parse_pattern(text) for text in args.patterns.split(",")}
     except ValueError as e:
         p.error(str(e))
+    if tiles and any(v != 1 or n != 4 or c < 2 for v, n, m, c in patterns.values()):
+        p.error(f"--tile-union: needs per-token chunk patterns 1:4:McC, got --patterns {args.patterns}")
     env = environment(torch.device(device), "python -m bench.cluster_probe", argv)
     print("\n".join(f"{k}: {v}" for k, v in env.items()))
 
@@ -155,11 +169,21 @@ def main(argv: list[str] | None = None) -> int:
                     variants["stale (previous fit)"] = previous[text]
                 previous[text] = perms
             for name, ps in variants.items():
-                rows.append({"step": step, "pattern": text, "variant": name, "kept": kept_mass(held, (v, n, m), c, ps),
+                kept = kept_mass(held, (v, n, m), c, ps)
+                rows.append({"step": step, "pattern": text, "variant": name, "kept": kept,
                              "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip
-                print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}", flush=True)
+                print(f"  {text:>12} {name:>22}: kept {kept:.4f}", flush=True)
+                if name in ("identity", "clustered"):
+                    units = [h if q is None else h[:, q] for h, q in zip(held, ps or [None] * len(held), strict=True)]
+                    fit_units = [h if q is None else h[:, q] for h, q in zip(fit, ps or [None] * len(fit), strict=True)]
+                    for tv in tiles:
+                        for gr in [None, *routes]:
+                            how = f"{name}, tiles of {tv}, " + ("sequence order" if gr is None else f"{gr} routes")
+                            work = layout_work(units, fit_units, m, c, tv, gr)
+                            rows.append({"step": step, "pattern": text, "variant": how, "kept": kept, "work": work})
+                            print(f"  {text:>12} {how:>40}: work {work:.4f}", flush=True)
         if args.csv:  # after every step: a run stopped later keeps the steps it measured
-            write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s", "agree"])
+            write_csv(args.csv, rows, ["step", "pattern", "variant", "kept", "fit_s", "agree", "work"])
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4f"))
     return 0
 
