@@ -144,13 +144,15 @@ def test_ffn_table_is_its_csv():
 
 def test_distributed_table_is_its_csv():
     """Section 5's one-call table (bench.multi_gpu's engines, the e2e rows of each) quotes its file."""
-    path = RES / "h100x2_multi_gpu_1.3b_72b7f6a.csv"
-    assert f"`results/{path.name}`" in RESULTS
+    path = _path(re.search(r"`results/h100x2_multi_gpu_1\.3b_[^`]+`", RESULTS).group(0))
+    measured = _csv(path)
+    call = next(r["revision"] for r in measured if r["config"] == "default")  # the table's call (dense, default)
     rows = _rows(RESULTS, "| engine | config | tokens/s per GPU | vs one GPU | speedup (vs one GPU's) |")
     assert len(rows) == 6
     engines = {"one GPU": "one", "DDP": "ddp", "FSDP2": "fsdp"}
     for row in rows:
-        m = next(r for r in _csv(path) if r["engine"] == engines[row["engine"]] and r["config"] == row["config"])
+        want = (call, engines[row["engine"]], row["config"])
+        m = next(r for r in measured if (r["revision"], r["engine"], r["config"]) == want)
         assert row["tokens/s per GPU"] == f"{int(m['tokens_per_s_per_gpu']):,}", row
         assert float(row["vs one GPU"].strip("*")) == float(m["vs_one_gpu"] or 1), row
         assert row["speedup (vs one GPU's)"].split(" (")[0].strip("*") == f"{float(m['speedup']):.3f}x", row
