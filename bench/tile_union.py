@@ -72,9 +72,7 @@ def tile_work(choices: torch.Tensor, v: int, routes: torch.Tensor | None = None)
     return float((hits > 0).sum()) * v / (t * n)
 
 
-def layout_work(
-    held: list[torch.Tensor], fit: list[torch.Tensor], m: int, c: int, v: int, g: int | None
-) -> float:
+def layout_work(held: list[torch.Tensor], fit: list[torch.Tensor], m: int, c: int, v: int, g: int | None) -> float:
     """tile_work pooled over layers (their mean): each layer's choices on ``held`` H [T, F], in tiles
     of ``v`` consecutive tokens (``g`` None) or routed to ``g`` centroids fitted on that layer's ``fit`` H."""
     works = []
