@@ -6,10 +6,11 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   step) / tokens_per_s; the first, compiling steps are not timed (bench.train's untimed steps);
 - target: the dense runs' mean final validation loss;
 - iso-quality speedup = dense wall time / the recipe's wall time to reach the target: the budget
-  at which the recipe's final loss equals the target, linear between the two measured budgets that
-  bracket it (by wall time). A recipe whose every budget ends above the target has none ("not
-  reached", with the gap of its largest budget); one whose smallest budget already ends below it
-  gets that budget's ratio as a lower bound (">=");
+  at which the recipe's final loss equals the target, linear (in steps and in wall time) between
+  the two budgets, in steps, that bracket it. Wall times are a speed figure only for runs that had
+  the GPU alone (bench.sweep --parallel 1); k, the steps ratio, holds either way. A recipe whose
+  every budget ends above the target has none ("not reached", with the gap of its largest budget);
+  one whose smallest budget already ends below it gets that budget's ratio as a lower bound (">=");
 - projection to larger models (labelled as one): with a fraction f of the steps sparse, a sparse
   step s times as fast as a dense one (bench.e2e at that size) and k = the recipe's steps to the
   target over the dense run's steps, the whole run is 1 / (k (1 - f + f / s)) times as fast.
@@ -67,8 +68,9 @@ class IsoQuality:
 
 
 def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: list[Run]) -> IsoQuality:
-    """The recipe's speedup at the dense quality ``target`` from its runs at several budgets."""
-    runs = sorted(budgets, key=lambda r: r.wall_s)
+    """The recipe's speedup at the dense quality ``target`` from its runs at several budgets, taken in
+    order of their steps (the budget; wall times of runs that shared a GPU need not follow it)."""
+    runs = sorted(budgets, key=lambda r: r.steps)
     gap = runs[-1].final_val / target - 1
     if runs[0].final_val <= target:
         return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap)
