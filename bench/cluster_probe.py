@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 "expected comma-separated ints")  # fmt: skip
     if routes and not tiles:
         p.error(f"--routes {args.routes}: needs --tile-union")
+    if any(x < 1 for x in tiles + routes):
+        p.error(f"--tile-union {args.tile_union!r}, --routes {args.routes!r}: expected ints >= 1")
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     size = args.size or ("125m" if gpu else "tiny")

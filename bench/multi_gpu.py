@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/multi_gpu"))
     p.add_argument("--timeout", type=float, default=None, help="seconds each of the three runs may take")
     p.add_argument("--resume", action="store_true", help="keep an engine whose OUT/ENGINE/e2e.csv exists (a "
-                   "finished run of an earlier call with the same arguments) instead of running it again")  # fmt: skip
+                   "finished run of an earlier call with the same sizes and configurations) instead of running it "
+                   "again")  # fmt: skip
     args = p.parse_args(ours)
     if args.gpus < 2:
         p.error(f"--gpus {args.gpus}: expected at least 2 (DDP and FSDP2 across processes)")
@@ -127,8 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     for engine, (cmd, env) in commands(args.gpus, e2e_args, args.out).items():
-        if args.resume and (args.out / engine / "e2e.csv").is_file():
-            print(f"{engine}: kept {args.out / engine / 'e2e.csv'} (--resume)", flush=True)
+        kept = args.out / engine / "e2e.csv"
+        if args.resume and kept.is_file():
+            rows = list(csv.DictReader(open(kept)))
+            have = ({r["size"] for r in rows}, {r["config"] for r in rows})
+            want = (set(args.sizes.split(",")) if args.sizes else have[0], set(args.configs))
+            if have != want:
+                p.error(f"--resume: {kept} holds sizes {sorted(have[0])} and configs {sorted(have[1])}, "
+                        f"this call asks for {sorted(want[0])} and {sorted(want[1])}: remove it or pick another "
+                        "--out")  # fmt: skip
+            print(f"{engine}: kept {kept} (--resume)", flush=True)
             continue
         (args.out / engine).mkdir(exist_ok=True)
         log = args.out / engine / "run.log"

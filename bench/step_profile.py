@@ -148,9 +148,11 @@ def split_collectives(per_rank: list[dict[str, float]], steps: int, rank: int = 
     ms' (``rank``'s kernel time less that); ``per_rank`` is collective_kernels() of every rank's
     trace of the same ``steps`` steps. A ValueError if the ranks' collectives differ."""
     keys = set(per_rank[rank])
-    if any(set(r) != keys for r in per_rank):
-        raise ValueError(f"split_collectives: the ranks' traces hold different collectives "
-                         f"({[len(r) for r in per_rank]} NCCL kernels)")  # fmt: skip
+    for i, r in enumerate(per_rank):
+        if set(r) != keys:
+            odd = sorted(set(r) ^ keys)
+            raise ValueError(f"split_collectives: the ranks' traces hold different collectives: rank {i} "
+                             f"against rank {rank} differ in {len(odd)}, e.g. {odd[:3]}")  # fmt: skip
     transfer = sum(min(r[k] for r in per_rank) for k in keys)
     mine = sum(per_rank[rank].values())
     return {

@@ -8,34 +8,35 @@ own): work = sum over tiles of V x |union| against T x (F / c) for the dense FFN
 a tile decides the union:
   sequence order   tiles of V consecutive tokens (what a block pattern would take);
   routed (G)       each token sent by its own choice to the nearest of G centroids (k-means on
-                   the choice vectors, fitted on other batches), the tokens stably sorted by route and
-                   each route cut into tiles of V (its last tile padded to V rows: padded rows cost
-                   work, as they would in the kernel).
+                   the choice vectors, fitted on other batches), laid out as the routed op lays out
+                   its tokens (kernels/routing.route_plan): stably sorted by route, each route cut
+                   into tiles of V, its last tile padded to V rows. Padded rows count as work; the
+                   empty trailing tiles of route_plan's fixed grid do not.
 A token's route depends on that token alone, so the layout stays causal; the work is what the
 F2 / backward GEMMs of such a layout would do relative to dense (F1 runs in full to choose).
 """
 
 import torch
 
+from sparse_compile.kernels.activation_mask import vnm_mask
+from sparse_compile.kernels.routing import route_plan
+
 
 def chunk_choice(h: torch.Tensor, m: int, c: int) -> torch.Tensor:
     """bool [T, F/c]: each token's 4 of every M chunks of c units with the largest sum of its ``h``
-    [T, F] (ties: the lower chunk, as in kernels/activation_mask.py)."""
-    t, f = h.shape
-    if c < 1 or m < 4 or f % (m * c):
-        raise ValueError(f"chunk_choice: F={f} units is not a multiple of M*c = {m}*{c} (M >= 4)")
-    mass = h.float().reshape(t, f // (m * c), m, c).sum(-1)
-    top = torch.sort(mass, dim=-1, descending=True, stable=True).indices[..., :4]
-    keep = torch.zeros_like(mass, dtype=torch.bool).scatter_(-1, top, True)
-    return keep.reshape(t, f // c)
+    [T, F]: the per-token pattern 1:4:M in chunks of c (kernels/activation_mask.vnm_mask), a column
+    per chunk."""
+    if c < 2:
+        raise ValueError(f"chunk_choice: c={c} units per chunk: expected an int >= 2")
+    return vnm_mask(h, 1, 4, m, c)[:, ::c]
 
 
-def fit_routes(choices: torch.Tensor, g: int, iters: int = 10, seed: int = 0) -> torch.Tensor:
+def fit_choice_centroids(choices: torch.Tensor, g: int, iters: int = 10, seed: int = 0) -> torch.Tensor:
     """Centroids [G, F/c] (float32) of k-means on the choice vectors ``choices`` [T, F/c] by overlap:
     a token goes to the centroid it shares the most chosen chunks with."""
     t = choices.shape[0]
     if not 1 <= g <= t:
-        raise ValueError(f"fit_routes: G={g} routes for {t} tokens: expected 1 <= G <= T")
+        raise ValueError(f"fit_choice_centroids: G={g} routes for {t} tokens: expected 1 <= G <= T")
     x = choices.float()
     gen = torch.Generator().manual_seed(seed)
     centroids = x[torch.randperm(t, generator=gen)[:g].to(x.device)].clone()
@@ -53,22 +54,15 @@ def tile_work(choices: torch.Tensor, v: int, routes: torch.Tensor | None = None)
     are cut within each route, in token order, the last one padded to V rows; None: tiles of V
     consecutive tokens (T a multiple of V)."""
     t, n = choices.shape
+    if v < 1:
+        raise ValueError(f"tile_work: V={v} tokens per tile: expected an int >= 1")
     if routes is None:
         if t % v:
             raise ValueError(f"tile_work: T={t} tokens is not a multiple of V={v}")
         routes = torch.zeros(t, dtype=torch.long, device=choices.device)
-    order = torch.sort(routes, stable=True).indices
-    sorted_routes = routes[order]
-    # tile id of each token: its route's tiles come after those of the routes before it
-    counts = torch.bincount(sorted_routes)
-    tiles_per_route = (counts + v - 1) // v
-    first_tile = torch.cumsum(tiles_per_route, 0) - tiles_per_route
-    first_token = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(t, device=choices.device) - first_token[sorted_routes]
-    tile = first_tile[sorted_routes] + rank // v
-    n_tiles = int(tiles_per_route.sum())
-    hits = torch.zeros(n_tiles, n, dtype=torch.float32, device=choices.device)
-    hits.index_add_(0, tile, choices[order].float())  # tokens of the tile that chose each chunk
+    tile = route_plan(routes, int(routes.max()) + 1, v)[0] // v  # the padded row of each token, by tile
+    hits = torch.zeros(int(tile.max()) + 1, n, dtype=torch.float32, device=choices.device)
+    hits.index_add_(0, tile, choices.float())  # tokens of the tile that chose each chunk
     return float((hits > 0).sum()) * v / (t * n)
 
 
@@ -80,7 +74,7 @@ def layout_work(held: list[torch.Tensor], fit: list[torch.Tensor], m: int, c: in
         choices = chunk_choice(h, m, c)
         routes = None
         if g is not None:
-            centroids = fit_routes(chunk_choice(f, m, c), g)
+            centroids = fit_choice_centroids(chunk_choice(f, m, c), g)
             routes = (choices.float() @ centroids.t()).argmax(dim=1)
         works.append(tile_work(choices, v, routes))
     return sum(works) / len(works)

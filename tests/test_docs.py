@@ -155,7 +155,10 @@ def test_distributed_table_is_its_csv():
         m = next(r for r in measured if (r["revision"], r["engine"], r["config"]) == want)
         assert row["tokens/s per GPU"] == f"{int(m['tokens_per_s_per_gpu']):,}", row
         assert float(row["vs one GPU"].strip("*")) == float(m["vs_one_gpu"] or 1), row
-        assert row["speedup (vs one GPU's)"].split(" (")[0].strip("*") == f"{float(m['speedup']):.3f}x", row
+        speedup, _, ratio = row["speedup (vs one GPU's)"].partition(" (")
+        assert speedup.strip("*") == f"{float(m['speedup']):.3f}x", row
+        one = next(r for r in measured if (r["revision"], r["engine"], r["config"]) == (call, "one", row["config"]))
+        assert ratio in ("", f"{float(m['speedup']) / float(one['speedup']):.3f})"), row
         assert (row["step ms"], row["host ms"]) == (f"{float(m['step_ms']):.2f}", f"{float(m['host_ms']):.2f}"), row
         transfer, wait = (float(m[f"collectives {k} ms"] or "nan") for k in ("transfer", "wait"))
         split = "-" if m["engine"] == "one" else f"{transfer:.2f} + {wait:.2f}"

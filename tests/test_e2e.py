@@ -316,6 +316,8 @@ def test_multi_gpu_runs_one_ddp_and_fsdp_into_one_table(tmp_path):
     assert multi_gpu.main([*argv[:cut], "--resume", *argv[cut:]]) == 0
     assert {e: (out / e / "e2e.csv").stat().st_mtime_ns for e in multi_gpu.ENGINES} == stamps
     assert (out / "summary.txt").read_text() == summary
+    with pytest.raises(SystemExit):  # a kept CSV of other configurations is not this call's
+        multi_gpu.main([*argv[:cut], "--resume", "--configs", "dense", "venom", *argv[cut:]])
     with pytest.raises(SystemExit):
         multi_gpu.main(["--gpus", "1"])
     with pytest.raises(SystemExit):

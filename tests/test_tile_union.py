@@ -6,7 +6,7 @@ import csv
 import pytest
 import torch
 
-from bench.tile_union import chunk_choice, fit_routes, tile_work
+from bench.tile_union import chunk_choice, fit_choice_centroids, tile_work
 from kernels.activation_mask import vnm_mask
 
 
@@ -49,18 +49,22 @@ def test_routes_separate_planted_groups_of_choices():
     a[0::2, :16] = True
     a[1::2, 16:] = True
     assert tile_work(a, 8) == 1.0
-    routes = (a.float() @ fit_routes(a, 2).t()).argmax(dim=1)
+    routes = (a.float() @ fit_choice_centroids(a, 2).t()).argmax(dim=1)
     assert torch.equal(routes[0::2], routes[0::2][:1].expand(32)) and routes[0] != routes[1]
     assert tile_work(a, 8, routes) == 0.5
 
 
 def test_bad_values_are_named():
-    with pytest.raises(ValueError, match="F=100 units is not a multiple of M\\*c = 16\\*4"):
+    with pytest.raises(ValueError, match="F=100 is not a multiple of M\\*c = 16\\*4"):
         chunk_choice(torch.rand(8, 100), 16, 4)
+    with pytest.raises(ValueError, match="c=1 units per chunk"):
+        chunk_choice(torch.rand(8, 64), 16, 1)
     with pytest.raises(ValueError, match="G=9 routes for 8 tokens"):
-        fit_routes(torch.ones(8, 4, dtype=torch.bool), 9)
+        fit_choice_centroids(torch.ones(8, 4, dtype=torch.bool), 9)
     with pytest.raises(ValueError, match="T=10 tokens is not a multiple of V=4"):
         tile_work(torch.ones(10, 4, dtype=torch.bool), 4)
+    with pytest.raises(ValueError, match="V=0 tokens per tile"):
+        tile_work(torch.ones(8, 4, dtype=torch.bool), 0)
 
 
 def test_cluster_probe_tile_union_on_cpu(tmp_path):
@@ -79,3 +83,5 @@ def test_cluster_probe_tile_union_on_cpu(tmp_path):
         main(["--patterns", "128:4:16c4", "--tile-union", "16"])
     with pytest.raises(SystemExit):
         main(["--patterns", "1:4:16c4", "--routes", "4"])
+    with pytest.raises(SystemExit):
+        main(["--patterns", "1:4:16c4", "--tile-union", "0"])

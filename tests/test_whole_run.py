@@ -45,9 +45,10 @@ def test_iso_quality_interpolates_between_bracketing_budgets():
     bound = iso_quality(80.0, 100, 2.5, budgets)
     assert bound.bound == ">=" and bound.speedup == pytest.approx(80.0 / 50.0)
     # runs that shared a GPU: the larger budget took less wall time; the budgets still go by steps
-    noisy = [Run(150, 60.0, 2.04, 0.8), Run(200, 55.0, 1.97, 0.8)]
+    noisy = [Run(200, 55.0, 1.97, 0.8), Run(150, 60.0, 2.04, 0.8)]
     iso = iso_quality(80.0, 150, 2.0, noisy)
     assert iso.bound == "=" and iso.steps_ratio == pytest.approx((150 + 4 / 7 * 50) / 150)
+    assert iso.speedup == pytest.approx(80.0 / (60.0 + 4 / 7 * (55.0 - 60.0)))
     assert iso.gap == pytest.approx(1.97 / 2.0 - 1)
 
 
