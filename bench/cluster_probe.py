@@ -175,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"step": step, "pattern": text, "variant": name, "kept": kept,
                              "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip
                 print(f"  {text:>12} {name:>22}: kept {kept:.4f}", flush=True)
-                if name in ("identity", "clustered"):
+                if tiles and name in ("identity", "clustered"):
                     units = [h if q is None else h[:, q] for h, q in zip(held, ps or [None] * len(held), strict=True)]
                     fit_units = [h if q is None else h[:, q] for h, q in zip(fit, ps or [None] * len(fit), strict=True)]
+                    works = layout_work(units, fit_units, m, c, tiles, [None, *routes])
                     for tv in tiles:
                         for gr in [None, *routes]:
                             how = f"{name}, tiles of {tv}, " + ("sequence order" if gr is None else f"{gr} routes")
-                            work = layout_work(units, fit_units, m, c, tv, gr)
+                            work = works[(tv, gr)]
                             rows.append({"step": step, "pattern": text, "variant": how, "kept": kept, "work": work})
                             print(f"  {text:>12} {how:>40}: work {work:.4f}", flush=True)
         if args.csv:  # after every step: a run stopped later keeps the steps it measured

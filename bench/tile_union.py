@@ -66,15 +66,21 @@ def tile_work(choices: torch.Tensor, v: int, routes: torch.Tensor | None = None)
     return float((hits > 0).sum()) * v / (t * n)
 
 
-def layout_work(held: list[torch.Tensor], fit: list[torch.Tensor], m: int, c: int, v: int, g: int | None) -> float:
-    """tile_work pooled over layers (their mean): each layer's choices on ``held`` H [T, F], in tiles
-    of ``v`` consecutive tokens (``g`` None) or routed to ``g`` centroids fitted on that layer's ``fit`` H."""
-    works = []
+def layout_work(
+    held: list[torch.Tensor], fit: list[torch.Tensor], m: int, c: int, tiles: list[int], routes: list[int | None]
+) -> dict[tuple[int, int | None], float]:
+    """{(V, G): tile_work pooled over layers (their mean)} for every V in ``tiles`` and G in ``routes``:
+    each layer's choices on ``held`` H [T, F], in tiles of V consecutive tokens (G None) or routed to
+    G centroids fitted on that layer's ``fit`` H. Each layer's choices and each G's centroids are
+    computed once."""
+    works: dict[tuple[int, int | None], list[float]] = {(v, g): [] for v in tiles for g in routes}
     for h, f in zip(held, fit, strict=True):
         choices = chunk_choice(h, m, c)
-        routes = None
-        if g is not None:
-            centroids = fit_choice_centroids(chunk_choice(f, m, c), g)
-            routes = (choices.float() @ centroids.t()).argmax(dim=1)
-        works.append(tile_work(choices, v, routes))
-    return sum(works) / len(works)
+        fit_choices = chunk_choice(f, m, c) if any(g is not None for g in routes) else None
+        for g in routes:
+            route = None
+            if g is not None:
+                route = (choices.float() @ fit_choice_centroids(fit_choices, g).t()).argmax(dim=1)
+            for v in tiles:
+                works[(v, g)].append(tile_work(choices, v, route))
+    return {key: sum(w) / len(w) for key, w in works.items()}
