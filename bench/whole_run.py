@@ -4,7 +4,8 @@ From bench.train log.csv files (a dense run, and a sparse recipe at one or more 
 its schedule stretched to each: the same warm-up, sparse and tail fractions):
 - wall time of each run: sum over its logged intervals of (steps in the interval) x (tokens per
   step) / tokens_per_s; the first, compiling steps are not timed (bench.train's untimed steps);
-- target: the dense runs' mean final validation loss;
+- target: the dense runs' mean final validation loss; with --paired, each recipe's own dense run's
+  (the i-th --recipe against the i-th --dense: one seed each);
 - iso-quality speedup = dense wall time / the recipe's wall time to reach the target: the budget
   at which the recipe's final loss equals the target, linear (in steps and in wall time) between
   the two budgets, in steps, that bracket it. Wall times are a speed figure only for runs that had
@@ -22,10 +23,13 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
 
 import argparse
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tabulate import tabulate
+
+from sparse_compile import PhaseSchedule
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,24 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     finals = [r for r in rows if r["val_loss"] not in ("", "nan")]
     if not finals or int(finals[-1]["step"]) != previous:
         raise ValueError(f"{path}: run {name!r} has no final validation loss (unfinished?)")
+    if name == "sparse":
+        sparse = scheduled_sparse_steps(Path(path).with_name("summary.txt"), previous) or sparse
     return Run(previous, wall, float(finals[-1]["val_loss"]), sparse / previous)
+
+
+_SCHEDULE = re.compile(r"schedule: dense steps \[0, (\d+)\), sparse \[\d+, (\d+)\)(?: with one step in (\d+) dense)?")
+
+
+def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:
+    """Sparse steps of a run of ``steps`` steps by the schedule in bench.train's summary.txt beside its
+    log (the log's phase is per logged interval, so an interval that holds a phase boundary counts
+    whole); None where there is no summary or no schedule line in it."""
+    match = _SCHEDULE.search(summary.read_text()) if summary.is_file() else None
+    if match is None:
+        return None
+    warmup, dense_from, every = (int(g) if g else 0 for g in match.groups())
+    schedule = PhaseSchedule(warmup, dense_from, every)
+    return sum(schedule.phase_at(step) == "sparse" for step in range(steps))
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,14 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
     return 1.0 / (steps_ratio * (1.0 - sparse_frac + sparse_frac / step_speedup))
 
 
+def _k_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
+    """k as the table shows it: interpolated, at most the smallest budget's ratio (already reached there),
+    or more than the largest budget's (not reached)."""
+    if iso.steps_ratio is None:
+        return f">{max(b.steps for b in budgets) / dense_steps:.3f}"
+    return f"{'<=' if iso.bound == '>=' else '='}{iso.steps_ratio:.3f}"
+
+
 def _pairs(values: list[str], what: str) -> dict[str, str]:
     out = {}
     for v in values:
@@ -106,14 +135,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--recipe", nargs="+", required=True, help="NAME=log.csv[,log.csv...]: the recipe at its budgets")
     p.add_argument("--step-speedup", nargs="*", default=[], help="SIZE=s: bench.e2e's sparse step over dense there")
     p.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per step of the runs (default 16384)")
+    p.add_argument(
+        "--paired", action="store_true",
+        help="the i-th --recipe against the i-th --dense run alone (one seed each), not the dense runs' mean",
+    )  # fmt: skip
     args = p.parse_args(argv)
     dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
     target = sum(r.final_val for r in dense) / len(dense)
     dense_wall = sum(r.wall_s for r in dense) / len(dense)
     speedups = {k: float(v) for k, v in _pairs(args.step_speedup, "--step-speedup").items()}
+    recipes = _pairs(args.recipe, "--recipe")
+    if args.paired and len(recipes) != len(dense):
+        raise SystemExit(f"--paired: {len(recipes)} recipe(s) for {len(dense)} dense run(s); give one per dense run")
     rows = []
-    for name, files in _pairs(args.recipe, "--recipe").items():
+    for i, (name, files) in enumerate(recipes.items()):
         budgets = [read_run(f, "sparse", args.tokens_per_step) for f in files.split(",")]
+        if args.paired:
+            target, dense_wall = dense[i].final_val, dense[i].wall_s
         iso = iso_quality(dense_wall, dense[0].steps, target, budgets)
         same = [b for b in budgets if b.steps == dense[0].steps]
         row = {
@@ -122,6 +160,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
+            "steps to the target (k)": _k_cell(iso, budgets, dense[0].steps),
             "iso-quality speedup (measured)": "not reached"
             if iso.speedup is None
             else f"{iso.bound}{iso.speedup:.3f}x",
@@ -130,8 +169,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             k = iso.steps_ratio
             cell = "-" if k is None else f"{projected_speedup(budgets[0].sparse_frac, s, k):.2f}x"
             row[f"projection {size} (s={s})"] = cell
+        if args.paired:
+            row["target"] = f"{target:.4f} ({Path(args.dense[i]).parent.name or args.dense[i]})"
         rows.append(row)
-    print(f"target: dense final val {target:.4f} (mean of {len(dense)}), dense wall {dense_wall:.0f} s")
+    if not args.paired:
+        print(f"target: dense final val {target:.4f} (mean of {len(dense)}), dense wall {dense_wall:.0f} s")
     print(tabulate(rows, headers="keys", tablefmt="github"))
     return rows
 

@@ -84,17 +84,14 @@ def sqrelu_ffn_forward_gather(
     chunk: int = 1,
     seq: int | None = None,
     score_rows: int | None = None,
-    dense_forward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
     ``chunk``: units per kept column (then F2 always gathers); ``seq``: the causal pattern over
     sequences of that many tokens; ``score_rows``: scored on the previous block's last that many rows
-    (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only);
-    ``dense_forward``: y = relu(Z)^2 W2^T + b2 over all of H on cuBLAS (the dense FFN), the
-    selection (r_c, ids) made from the same Z for the backward."""
+    (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only)."""
     _check_chunk(v, m, chunk, dense)
-    if f1_on_scoring_rows(v, n, chunk, seq is not None, score_rows, f1_alg) and not dense_forward:
+    if f1_on_scoring_rows(v, n, chunk, seq is not None, score_rows, f1_alg):
         h_c, r_c, ids = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score_rows)
     else:
         z = F.linear(x, w1, b1) if f1_alg is None else cslt_linear(x, w1, b1, f1_alg)
@@ -102,10 +99,6 @@ def sqrelu_ffn_forward_gather(
             h_c, r_c, ids = vnm_select_chunks(z, None, v, n, m, chunk, seq, score_rows=score_rows)
         else:
             h_c, r_c, ids = vnm_select_compact(z, None, v, n, m, seq=seq)
-        if dense_forward:
-            del h_c
-            h = torch.relu_(z).square_()  # z's storage, rounded as the reference's r * r
-            return F.linear(h, w2, b2), r_c, ids
         del z
     if "F2" in dense:
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)

@@ -27,18 +27,16 @@ def sqrelu_ffn_forward_ref(
     chunk: int = 1,
     seq: int | None = None,
     score_rows: int | None = None,
-    dense_forward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H), kept
     in chunks of ``chunk`` hidden units, causal over sequences of ``seq`` tokens when given (scored
-    on the last ``score_rows`` rows of the previous block when given). ``dense_forward``: y from the
-    whole H (the dense FFN); r_masked, what the backward sees, still masked."""
+    on the last ``score_rows`` rows of the previous block when given)."""
     r = torch.relu(F.linear(x, w1, b1))
     h = r * r
     if pattern is not None:
         keep = vnm_mask(h, *pattern, chunk, seq, score_rows)
         r = r * keep
-        h = h if dense_forward else h * keep
+        h = h * keep
     return F.linear(h, w2, b2), r
 
 

@@ -46,10 +46,9 @@ def gemm_patterns(config: SparsityConfig, activations: bool = True) -> dict[str,
         return "+".join(p for p in parts if p) or "dense"
 
     t = f"tok{config.weight_grad.removeprefix('tokens:')}" if config.weight_grad_pattern else ""
-    dense_fwd = config.forward == "dense"  # F1 and F2 in full; the pattern prunes the backward only
     return {
         "F1": both(w),
-        "F2": both("" if dense_fwd else a, w),
+        "F2": both(a, w),
         "B1": both(w, "kept dH" if a else ""),
         "B2": both(a, t),
         "B3": both(a, w),
@@ -197,7 +196,6 @@ class Report:
             + (f", score_rows={c.score_rows}" if c.score_rows is not None else "")
             + (", permute" if c.permute else "")
             + (f", weight_copies={c.weight_copies}" if c.weight_copies != "keep" else "")
-            + (", forward=dense (the backward alone sparse)" if c.forward == "dense" else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"
         )
         head = "\n".join([head, *self.notes])

@@ -12,7 +12,6 @@ WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
 KERNEL_CHOICES = ("auto", "reference", "triton")
 SMALL_FFN_CHOICES = ("graphs", "dense", "sparse")
-FORWARD_CHOICES = ("sparse", "dense")
 _VNM_RULE = "'2:4' or 'V:N:M' (e.g. '64:2:8') with V >= 1, N in {1, 2, 4} and M a multiple of 4 larger than N"
 
 
@@ -95,7 +94,6 @@ FIELD_CHECKS = {
     "small_ffn": (lambda v: v in SMALL_FFN_CHOICES, f"one of {SMALL_FFN_CHOICES}"),
     "masked_decay": (lambda v: _is_number(v) and v >= 0.0, "a float >= 0"),
     "weight_copies": (lambda v: v in ("keep", "recompute"), "'keep' or 'recompute'"),
-    "forward": (lambda v: v in FORWARD_CHOICES, f"one of {FORWARD_CHOICES}"),
 }
 
 
@@ -141,13 +139,6 @@ class SparsityConfig:
         V > 1 in chunks (chunk > 1), causal=False, score_rows None and permute False (a routed site
         keeps its own permutation). The groups and the router are fitted from the samples recorded
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
-    forward: "sparse" (default): the forward computes the masked FFN, Y = (H * A) W2^T + b2, and the
-        backward its exact gradients. "dense": the forward computes the dense FFN, Y = H W2^T + b2 (F1
-        and F2 in full, no token's output changes), and the backward the masked FFN's gradients, as
-        "sparse" does: the pattern prunes only the backward, whose gradients are then those of the
-        masked function, not of the one the forward computed (an approximation). A dense forward
-        needs no causal choice: with causal=False a block keeps the chunks of most of its own mass.
-        Needs V:N:M activations (not "2:4"), weights=None and routes=None.
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -180,7 +171,6 @@ class SparsityConfig:
     small_ffn: str = "graphs"
     masked_decay: float = 0.0
     weight_copies: str = "keep"
-    forward: str = "sparse"
 
     def __post_init__(self) -> None:
         for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
@@ -221,13 +211,6 @@ class SparsityConfig:
             )
         if self.weights is None and self.activations is None:
             raise ValueError("SparsityConfig: weights=None and activations=None leave nothing sparse; set one")
-        if self.forward == "dense" and (
-            self.activation_pattern in (None, (1, 2, 4)) or self.weights is not None or self.routes is not None
-        ):
-            raise ValueError(
-                f"SparsityConfig.forward='dense' needs V:N:M activations (not '2:4'), weights=None and routes=None; "
-                f"got activations={self.activations!r}, weights={self.weights!r}, routes={self.routes!r}"
-            )
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(
                 f"SparsityConfig.weight_copies='recompute' needs weights=None; got weights={self.weights!r} (2:4 "

@@ -42,8 +42,7 @@ class Stack(nn.Module):
 
 
 def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> torch.Tensor:
-    """Eager masked math; straight-through weights as w + (w*M - w).detach(); masks held constant;
-    forward="dense": each FFN's output y_masked + (y_dense - y_masked).detach()."""
+    """Eager masked math; straight-through weights as w + (w*M - w).detach(); masks held constant."""
 
     def ste(w):
         return w + (w * transposable_24_mask(w) - w).detach() if config.weights else w
@@ -55,12 +54,7 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
         h2 = h.reshape(-1, h.shape[-1])
         if pattern is not None and h2.shape[0] % pattern[0] == 0:
             seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
-            keep = vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows).reshape(h.shape)
-            if config.forward == "dense":  # the dense value, the masked function's gradients
-                y_masked = F.linear(h * keep, ste(b.proj.weight), b.proj.bias)
-                x = x + y_masked + (F.linear(h, ste(b.proj.weight), b.proj.bias) - y_masked).detach()
-                continue
-            h = h * keep
+            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows).reshape(h.shape)
         x = x + F.linear(h, ste(b.proj.weight), b.proj.bias)
     return x
 

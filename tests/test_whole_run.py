@@ -71,4 +71,51 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert [r["recipe"] for r in rows] == ["r"]
     assert rows[0]["sparse steps"] == "80%" and rows[0]["iso-quality speedup (measured)"].startswith("=")
     assert "projection 1.3b (s=1.5)" in rows[0]
+    # 2.1 -> 1.95 crosses 2.0 at 2/3 of the way from 100 to 120 steps
+    assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
     assert "target: dense final val 2.0000" in capsys.readouterr().out
+    never = main(["--dense", d, "--recipe", f"r={s1}", "--tokens-per-step", "1000"])
+    assert never[0]["steps to the target (k)"] == ">1.000"
+
+
+def _summary(folder, schedule: str) -> None:
+    folder.mkdir()
+    (folder / "summary.txt").write_text(f"model x\nsparse: SparsityConfig(...); schedule: {schedule}, dense after\n")
+
+
+def test_sparse_steps_come_from_the_schedule_where_the_summary_has_it(tmp_path):
+    """Logged every 75 steps, a 10% / 80% / 10% run of 2400 steps has its phase boundaries (240, 2160)
+    inside logged intervals, so counted by logged interval it reads 81% sparse here; its summary's
+    schedule gives 80%."""
+    rows = [(s, "sparse" if 240 < s <= 2175 else "dense", 1000, 1.0 if s == 2400 else "") for s in range(75, 2401, 75)]
+    folder = tmp_path / "run"
+    _summary(folder, "dense steps [0, 240), sparse [240, 2160)")
+    log = _log(folder / "log.csv", {"sparse": rows})
+    assert read_run(log).sparse_frac == pytest.approx(0.8)
+    assert read_run(_log(tmp_path / "bare.csv", {"sparse": rows})).sparse_frac == pytest.approx(1950 / 2400)
+    every = tmp_path / "every"  # one step in 2 of the window dense: 960 of its 1920 steps sparse
+    _summary(every, "dense steps [0, 240), sparse [240, 2160) with one step in 2 dense")
+    assert read_run(_log(every / "log.csv", {"sparse": rows})).sparse_frac == pytest.approx(0.4)
+
+
+def test_paired_compares_each_recipe_with_its_own_dense_run(tmp_path, capsys):
+    """--paired: seed 1's dense run ends lower (1.9), so its recipe must reach 1.9, not the mean 1.95."""
+    d0 = _log(tmp_path / "d0.csv", {"dense": [(100, "dense", 1000, 2.0)]})
+    d1 = _log(tmp_path / "d1.csv", {"dense": [(100, "dense", 1000, 1.9)]})
+    budgets = []
+    for name, rows in {
+        "a": [(10, "dense", 1000, ""), (100, "sparse", 2000, 2.1)],
+        "b": [(10, "dense", 1000, ""), (120, "sparse", 2000, 1.96)],
+        "c": [(10, "dense", 1000, ""), (140, "sparse", 2000, 1.86)],
+    }.items():
+        budgets.append(_log(tmp_path / f"{name}.csv", {"sparse": rows}))
+    recipe = ",".join(budgets)
+    args = ["--dense", d0, d1, "--recipe", f"s0={recipe}", f"s1={recipe}", "--tokens-per-step", "1000"]
+    rows = main([*args, "--paired"])
+    # s0: 2.1 -> 1.96 crosses 2.0 at 5/7 of 100..120; s1: 1.96 -> 1.86 crosses 1.9 at 3/5 of 120..140
+    assert [r["steps to the target (k)"] for r in rows] == [f"={(100 + 5 / 7 * 20) / 100:.3f}", f"={1.32:.3f}"]
+    assert rows[1]["target"].startswith("1.9000")
+    mean = main(args)  # the mean target 1.95: both cross at 1/10 of 120..140
+    assert [r["steps to the target (k)"] for r in mean] == ["=1.220", "=1.220"]
+    with pytest.raises(SystemExit, match="1 recipe"):
+        main(["--dense", d0, d1, "--recipe", f"s0={recipe}", "--paired"])

@@ -46,20 +46,7 @@ def sqrelu_ffn_vnm(
     v, n, m = _vnm_of(spec, x2.shape[0])
     w1, b1, w2 = permuted_weights(op, (v, n, m), x2, w1, b1, w2)
     y, r_c, ids = sqrelu_ffn_forward_gather(
-        x2,
-        w1,
-        b1,
-        w2,
-        b2,
-        v,
-        n,
-        m,
-        op.f1_alg,
-        op.dense_gemms,
-        op.chunk,
-        causal_seq(op, x),
-        op.score_rows,
-        op.dense_forward,
+        x2, w1, b1, w2, b2, v, n, m, op.f1_alg, op.dense_gemms, op.chunk, causal_seq(op, x), op.score_rows
     )
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_c, ids
 

@@ -33,7 +33,6 @@ class OpSpec:
     units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/unit_perms.py)
     routes: int | None = None  # routed tokens: G groups (kernels/routing.py; state in ops/routes.py)
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
-    dense_forward: bool = False  # forward="dense": the dense FFN forward, the masked one's gradients
 
 
 @functools.cache
@@ -63,7 +62,6 @@ def parse_spec(spec: str) -> OpSpec:
         units=fields.get("units"),
         routes=int(fields["routes"]) if "routes" in fields else None,
         gather=fields.get("gather") == "1",
-        dense_forward=fields.get("forward") == "dense",
     )
 
 

@@ -121,10 +121,6 @@ def plan_kernels(
         scored = f1_on_scoring_rows(v, pattern[1], c, config.causal, rows, f1_alg)
         f1 = f"F1 on each block's last {rows} rows (cuBLAS) and its kept chunks (gather); " if scored else ""
         gemm_why = f"chunks of {c}: {f1}F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
-        if config.forward == "dense":
-            gemm_why = f"chunks of {c}, forward='dense': F1, F2 in full (cuBLAS); B1, B3 gather; B2, B4 block-sparse"
-    elif config.forward == "dense":
-        gemm_why = "forward='dense': F1, F2 in full (cuBLAS); B1, B3 gather"
     elif config.kernels == "auto":
         from sparse_compile.planning import gather_choice
 
