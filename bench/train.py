@@ -328,7 +328,7 @@ class Health:
 
     def __init__(
         self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1,
-        causal: bool = False, score: int | None = None, routed: bool = False,
+        causal: bool = False, score: int | None = None, routed: bool = False, extra: int = 0,
     ) -> None:  # fmt: skip
         self.model = model
         self.routed = routed  # kept mass as each site's router routes (ops/routes.py)
@@ -336,6 +336,7 @@ class Health:
         self.chunk = chunk
         self.causal = causal
         self.score = score  # causal: rows of the previous block that score a block (None: V)
+        self.extra = extra  # each token's own largest units outside the block's choice (token_extra)
         self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
@@ -370,7 +371,7 @@ class Health:
             perms = sparse_compile.unit_permutations()  # by site module path, 'blocks.i.mlp'
             if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * self.chunk) == 0 for f in flat):
                 site_perms = [perms.get(f"blocks.{i}.mlp") for i in range(len(flat))]
-                kept = kept_mass(flat, self.pattern, self.chunk, site_perms, seq, self.score)
+                kept = kept_mass(flat, self.pattern, self.chunk, site_perms, seq, self.score, self.extra)
                 static = static_share(flat, self.pattern, self.chunk, site_perms, seq, score=self.score)
         flips = math.nan
         weights = [w for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
@@ -446,7 +447,7 @@ def train_one(
 
     health = Health(
         model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk,
-        args.config.causal, args.config.score_rows, args.config.routes is not None,
+        args.config.causal, args.config.score_rows, args.config.routes is not None, args.config.token_extra,
     )  # fmt: skip
     result = RunResult(name)
     if gpu:

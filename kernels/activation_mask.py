@@ -113,6 +113,16 @@ def vnm_mask(
     return _vnm(h, v, n, m, c, seq, score_rows)[1].reshape(h.shape)
 
 
+def with_token_extra(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tensor:
+    """``keep`` [T, F] (bool) with each row's ``r`` largest entries of h [T, F] (>= 0, as H is) outside it
+    added, where they are > 0: a token's own top units on top of its block's choice. Each row's extra
+    units depend on that row alone, so a causal ``keep`` stays causal."""
+    if r <= 0:
+        return keep
+    top = h.masked_fill(keep, 0).topk(min(r, h.shape[-1]), dim=-1)
+    return keep | torch.zeros_like(keep).scatter_(-1, top.indices, top.values > 0)
+
+
 def vnm_select(
     h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

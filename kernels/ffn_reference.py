@@ -13,7 +13,7 @@ Only R~ is saved between the two (H~ = R~^2 and 2 R~ both come from it).
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.activation_mask import vnm_mask
+from sparse_compile.kernels.activation_mask import vnm_mask, with_token_extra
 from sparse_compile.kernels.weight_grad_approx import token_vnm_grad
 
 
@@ -27,14 +27,16 @@ def sqrelu_ffn_forward_ref(
     chunk: int = 1,
     seq: int | None = None,
     score_rows: int | None = None,
+    token_extra: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H), kept
     in chunks of ``chunk`` hidden units, causal over sequences of ``seq`` tokens when given (scored
-    on the last ``score_rows`` rows of the previous block when given)."""
+    on the last ``score_rows`` rows of the previous block when given), and each token's own
+    ``token_extra`` largest units outside that kept as well (activation_mask.with_token_extra)."""
     r = torch.relu(F.linear(x, w1, b1))
     h = r * r
     if pattern is not None:
-        keep = vnm_mask(h, *pattern, chunk, seq, score_rows)
+        keep = with_token_extra(h, vnm_mask(h, *pattern, chunk, seq, score_rows), token_extra)
         r = r * keep
         h = h * keep
     return F.linear(h, w2, b2), r

@@ -20,7 +20,7 @@ as W1[perm], b1[perm], W2[:, perm] it leaves the dense function unchanged.
 import numpy as np
 import torch
 
-from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select
+from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select, with_token_extra
 
 
 def block_mass(h: torch.Tensor, v: int) -> torch.Tensor:
@@ -47,14 +47,16 @@ def kept_mass(
     perms: list[torch.Tensor | None] | None = None,
     seq: int | None = None,
     score: int | None = None,
+    extra: int = 0,
 ) -> float:
     """The fraction of sum H that the V:N:M ``pattern`` (chunks of ``c``, causal over sequences of
-    ``seq`` tokens when given, scored on the previous block's last ``score`` rows when given) keeps,
-    pooled over the layers' H [T, F] in ``hs``; each taken as ``h[:, perms[i]]`` where a permutation
-    is given (the units in the order the op runs them)."""
+    ``seq`` tokens when given, scored on the previous block's last ``score`` rows when given, each
+    token's own ``extra`` largest units outside it added) keeps, pooled over the layers' H [T, F] in
+    ``hs``; each taken as ``h[:, perms[i]]`` where a permutation is given (the units in the order the
+    op runs them)."""
     kept = total = 0.0
     for f in _in_op_order(hs, perms):
-        kept += (f * vnm_mask(f, *pattern, c, seq, score)).sum().item()
+        kept += (f * with_token_extra(f, vnm_mask(f, *pattern, c, seq, score), extra)).sum().item()
         total += f.sum().item()
     return kept / total
 

@@ -94,6 +94,7 @@ FIELD_CHECKS = {
     "small_ffn": (lambda v: v in SMALL_FFN_CHOICES, f"one of {SMALL_FFN_CHOICES}"),
     "masked_decay": (lambda v: _is_number(v) and v >= 0.0, "a float >= 0"),
     "weight_copies": (lambda v: v in ("keep", "recompute"), "'keep' or 'recompute'"),
+    "token_extra": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (units per token)"),
 }
 
 
@@ -139,6 +140,10 @@ class SparsityConfig:
         V > 1 in chunks (chunk > 1), causal=False, score_rows None and permute False (a routed site
         keeps its own permutation). The groups and the router are fitted from the samples recorded
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
+    token_extra: r >= 0. With V:N:M blocks (V > 1), each token also keeps its own r largest units of H
+        outside its block's choice (where > 0): per token, so causal as the block's choice is. No fast
+        kernel takes it (the reference runs it): a measure of what a token's own top units are worth
+        on top of a shared choice, not a speed option. 0 (default): none.
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -171,6 +176,7 @@ class SparsityConfig:
     small_ffn: str = "graphs"
     masked_decay: float = 0.0
     weight_copies: str = "keep"
+    token_extra: int = 0
 
     def __post_init__(self) -> None:
         for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
@@ -211,6 +217,11 @@ class SparsityConfig:
             )
         if self.weights is None and self.activations is None:
             raise ValueError("SparsityConfig: weights=None and activations=None leave nothing sparse; set one")
+        if self.token_extra and (no_blocks or self.routes is not None):
+            raise ValueError(
+                f"SparsityConfig.token_extra={self.token_extra} needs V:N:M activations with V > 1 (a block's choice "
+                f"to add to) and routes=None; got activations={self.activations!r}, routes={self.routes!r}"
+            )
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(
                 f"SparsityConfig.weight_copies='recompute' needs weights=None; got weights={self.weights!r} (2:4 "

@@ -11,6 +11,16 @@ from sparse_compile import SparsityConfig
 from sparse_compile.kernels import transposable_24_mask, vnm_mask
 
 
+def token_extra_loop(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tensor:
+    """keep [T, F] with each row's r largest positive entries of h outside it added, row by row from
+    a descending sort (the definition of SparsityConfig.token_extra)."""
+    out = keep.clone()
+    for t in range(h.shape[0]):
+        order = torch.sort(h[t].masked_fill(keep[t], -1.0), descending=True, stable=True).indices
+        out[t, [u for u in order[:r].tolist() if h[t, u] > 0 and not keep[t, u]]] = True
+    return out
+
+
 def oracle_ffn(x, w1, b1, w2, b2, config: SparsityConfig):
     """y and gradients (dict name -> grad) of sum(y * gy) for a random gy, straight-through weights."""
     leaves = {}
@@ -36,6 +46,7 @@ def oracle_ffn(x, w1, b1, w2, b2, config: SparsityConfig):
         h2 = h.reshape(-1, h.shape[-1])
         if h2.shape[0] % pattern[0] == 0:
             seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
-            h = h * vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows).reshape(h.shape)
+            keep = vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows)
+            h = h * token_extra_loop(h2.detach(), keep, config.token_extra).reshape(h.shape)
     y = F.linear(h, w2l, b2l)
     return y, leaves
