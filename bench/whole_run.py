@@ -37,7 +37,7 @@ class Run:
     steps: int
     wall_s: float  # timed steps only
     final_val: float
-    sparse_frac: float  # fraction of the steps in the sparse window
+    sparse_frac: float  # fraction of the steps that ran sparse
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -61,7 +61,8 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     if not finals or int(finals[-1]["step"]) != previous:
         raise ValueError(f"{path}: run {name!r} has no final validation loss (unfinished?)")
     if name == "sparse":
-        sparse = scheduled_sparse_steps(Path(path).with_name("summary.txt"), previous) or sparse
+        scheduled = scheduled_sparse_steps(Path(path).with_name("summary.txt"), previous)
+        sparse = sparse if scheduled is None else scheduled
     return Run(previous, wall, float(finals[-1]["val_loss"]), sparse / previous)
 
 
@@ -125,6 +126,8 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
         if "=" not in v:
             raise SystemExit(f"{what} {v!r}: expected NAME=VALUE")
         k, val = v.split("=", 1)
+        if k in out:
+            raise SystemExit(f"{what} {v!r}: the name {k!r} is given twice")
         out[k] = val
     return out
 
@@ -150,24 +153,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for i, (name, files) in enumerate(recipes.items()):
         budgets = [read_run(f, "sparse", args.tokens_per_step) for f in files.split(",")]
+        base = dense[i] if args.paired else dense[0]  # its steps: the k = 1 budget
         if args.paired:
-            target, dense_wall = dense[i].final_val, dense[i].wall_s
-        iso = iso_quality(dense_wall, dense[0].steps, target, budgets)
-        same = [b for b in budgets if b.steps == dense[0].steps]
+            target, dense_wall = base.final_val, base.wall_s
+        iso = iso_quality(dense_wall, base.steps, target, budgets)
+        same = [b for b in budgets if b.steps == base.steps]
         row = {
             "recipe": name,
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
-            "steps to the target (k)": _k_cell(iso, budgets, dense[0].steps),
+            "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "iso-quality speedup (measured)": "not reached"
             if iso.speedup is None
             else f"{iso.bound}{iso.speedup:.3f}x",
         }
-        for size, s in speedups.items():
-            k = iso.steps_ratio
-            cell = "-" if k is None else f"{projected_speedup(budgets[0].sparse_frac, s, k):.2f}x"
+        for size, s in speedups.items():  # a smaller k is a larger speedup: the bound flips
+            if iso.steps_ratio is None:  # k above the largest budget's ratio: the speedup below its projection
+                k_max = max(b.steps for b in budgets) / base.steps
+                cell = f"<{projected_speedup(budgets[0].sparse_frac, s, k_max):.2f}x"
+            else:
+                bound = ">=" if iso.bound == ">=" else ""
+                cell = f"{bound}{projected_speedup(budgets[0].sparse_frac, s, iso.steps_ratio):.2f}x"
             row[f"projection {size} (s={s})"] = cell
         if args.paired:
             row["target"] = f"{target:.4f} ({Path(args.dense[i]).parent.name or args.dense[i]})"

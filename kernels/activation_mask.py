@@ -115,12 +115,12 @@ def vnm_mask(
 
 def with_token_extra(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tensor:
     """``keep`` [T, F] (bool) with each row's ``r`` largest entries of h [T, F] (>= 0, as H is) outside it
-    added, where they are > 0: a token's own top units on top of its block's choice. Each row's extra
-    units depend on that row alone, so a causal ``keep`` stays causal."""
+    added, where they are > 0: a token's own top units on top of its block's choice, ties to the lower
+    index (top_k_mask). Each row's extra units depend on that row alone, so a causal ``keep`` stays
+    causal."""
     if r <= 0:
         return keep
-    top = h.masked_fill(keep, 0).topk(min(r, h.shape[-1]), dim=-1)
-    return keep | torch.zeros_like(keep).scatter_(-1, top.indices, top.values > 0)
+    return keep | (top_k_mask(h.masked_fill(keep, -1), min(r, h.shape[-1])) & (h > 0))
 
 
 def vnm_select(

@@ -143,7 +143,8 @@ class SparsityConfig:
     token_extra: r >= 0. With V:N:M blocks (V > 1), each token also keeps its own r largest units of H
         outside its block's choice (where > 0): per token, so causal as the block's choice is. No fast
         kernel takes it (the reference runs it): a measure of what a token's own top units are worth
-        on top of a shared choice, not a speed option. 0 (default): none.
+        on top of a shared choice, not a speed option; the size rule (small_ffn) treats its sites as
+        the pattern's fast path. Ties go to the lower unit index. 0 (default): none.
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).

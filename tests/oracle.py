@@ -15,6 +15,8 @@ def token_extra_loop(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tenso
     """keep [T, F] with each row's r largest positive entries of h outside it added, row by row from
     a descending sort (the definition of SparsityConfig.token_extra)."""
     out = keep.clone()
+    if r <= 0:
+        return out
     for t in range(h.shape[0]):
         order = torch.sort(h[t].masked_fill(keep[t], -1.0), descending=True, stable=True).indices
         out[t, [u for u in order[:r].tolist() if h[t, u] > 0 and not keep[t, u]]] = True

@@ -30,6 +30,19 @@ def test_extra_units_are_each_rows_largest_outside_the_block_choice(r):
         assert (h * out).sum() > (h * keep).sum()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ties_go_to_the_lower_index(dtype):
+    """Integer-valued H (many equal entries) and bf16 H: the row-by-row definition, ties included."""
+    g = torch.Generator().manual_seed(7)
+    h = torch.randint(0, 4, (64, 48), generator=g).to(dtype)
+    keep = vnm_mask(h.float(), 16, 4, 16, 1, 32)
+    for r in (3, 8):
+        assert torch.equal(with_token_extra(h, keep, r), token_extra_loop(h, keep, r))
+    hb = (torch.relu(torch.randn(64, 256, generator=g)) ** 2).to(dtype)
+    keep = vnm_mask(hb.float(), 16, 4, 16, 1, 32)
+    assert torch.equal(with_token_extra(hb, keep, 16), token_extra_loop(hb, keep, 16))
+
+
 def test_kept_mass_counts_the_extra_units():
     g = torch.Generator().manual_seed(1)
     h = torch.relu(torch.randn(64, 64, generator=g)) ** 2

@@ -74,8 +74,11 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     # 2.1 -> 1.95 crosses 2.0 at 2/3 of the way from 100 to 120 steps
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
     assert "target: dense final val 2.0000" in capsys.readouterr().out
-    never = main(["--dense", d, "--recipe", f"r={s1}", "--tokens-per-step", "1000"])
+    never = main(["--dense", d, "--recipe", f"r={s1}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert never[0]["steps to the target (k)"] == ">1.000"
+    assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
+    with pytest.raises(SystemExit, match="'r' is given twice"):
+        main(["--dense", d, "--recipe", f"r={s1}", f"r={s2}"])
 
 
 def _summary(folder, schedule: str) -> None:
