@@ -66,16 +66,22 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     return Run(previous, wall, float(finals[-1]["val_loss"]), sparse / previous)
 
 
+_STEPS = re.compile(r"^model \S+ \([^)]*\), (\d+) steps x ", re.M)
 _SCHEDULE = re.compile(r"schedule: dense steps \[0, (\d+)\), sparse \[\d+, (\d+)\)(?: with one step in (\d+) dense)?")
 
 
 def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:
     """Sparse steps of a run of ``steps`` steps by the schedule in bench.train's summary.txt beside its
     log (the log's phase is per logged interval, so an interval that holds a phase boundary counts
-    whole); None where there is no summary or no schedule line in it."""
-    match = _SCHEDULE.search(summary.read_text()) if summary.is_file() else None
+    whole); None where there is no summary or no schedule line in it. A summary of another step count
+    than the log's (a stale one) raises ValueError."""
+    text = summary.read_text() if summary.is_file() else ""
+    match = _SCHEDULE.search(text)
     if match is None:
         return None
+    header = _STEPS.search(text)
+    if header is not None and int(header.group(1)) != steps:
+        raise ValueError(f"{summary}: a run of {header.group(1)} steps, its log {steps}: not this log's summary")
     warmup, dense_from, every = (int(g) if g else 0 for g in match.groups())
     schedule = PhaseSchedule(warmup, dense_from, every)
     return sum(schedule.phase_at(step) == "sparse" for step in range(steps))
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
-            "iso-quality speedup (measured)": "not reached"
+            "iso-quality speedup (wall time: runs alone only)": "not reached"
             if iso.speedup is None
             else f"{iso.bound}{iso.speedup:.3f}x",
         }

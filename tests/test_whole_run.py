@@ -69,7 +69,8 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     s2 = _log(tmp_path / "s2.csv", {"sparse": s2})
     rows = main(["--dense", d, "--recipe", f"r={s1},{s2}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert [r["recipe"] for r in rows] == ["r"]
-    assert rows[0]["sparse steps"] == "80%" and rows[0]["iso-quality speedup (measured)"].startswith("=")
+    assert rows[0]["sparse steps"] == "80%"
+    assert rows[0]["iso-quality speedup (wall time: runs alone only)"].startswith("=")
     assert "projection 1.3b (s=1.5)" in rows[0]
     # 2.1 -> 1.95 crosses 2.0 at 2/3 of the way from 100 to 120 steps
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
@@ -81,9 +82,10 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
         main(["--dense", d, "--recipe", f"r={s1}", f"r={s2}"])
 
 
-def _summary(folder, schedule: str) -> None:
+def _summary(folder, schedule: str, steps: int = 2400) -> None:
     folder.mkdir()
-    (folder / "summary.txt").write_text(f"model x\nsparse: SparsityConfig(...); schedule: {schedule}, dense after\n")
+    head = f"model 125m-d1024 (126.2M params), {steps} steps x 16x1024 tokens; peak lr 0.0005\n"
+    (folder / "summary.txt").write_text(f"{head}sparse: SparsityConfig(...); schedule: {schedule}, dense after\n")
 
 
 def test_sparse_steps_come_from_the_schedule_where_the_summary_has_it(tmp_path):
@@ -99,6 +101,10 @@ def test_sparse_steps_come_from_the_schedule_where_the_summary_has_it(tmp_path):
     every = tmp_path / "every"  # one step in 2 of the window dense: 960 of its 1920 steps sparse
     _summary(every, "dense steps [0, 240), sparse [240, 2160) with one step in 2 dense")
     assert read_run(_log(every / "log.csv", {"sparse": rows})).sparse_frac == pytest.approx(0.4)
+    stale = tmp_path / "stale"  # a summary left from a run of another length
+    _summary(stale, "dense steps [0, 290), sparse [290, 2610)", steps=2900)
+    with pytest.raises(ValueError, match="a run of 2900 steps, its log 2400"):
+        read_run(_log(stale / "log.csv", {"sparse": rows}))
 
 
 def test_paired_compares_each_recipe_with_its_own_dense_run(tmp_path, capsys):
