@@ -16,6 +16,11 @@ pattern scored on the previous block's last S rows only ({"causal": true, "score
 the units' own order, with "agree": the fraction of the (block, group) chunk choices equal to the
 causal pattern's. --no-cluster skips the clustering variants.
 
+With --extras R,.. (block patterns, with --score-rows): also, for each causal variant, the pattern
+with each token's own R largest units outside its block's choice (SparsityConfig.token_extra): its
+kept mass and the work of the union of those units over tiles of V consecutive tokens
+(bench/tile_union.extra_work; V from --tile-union, else the block's V).
+
 With --tile-union V,.. (per-token patterns, 1:4:McC): also, for each variant's units, the work of
 an exact tiled layout (bench/tile_union.py): tiles of V tokens in sequence order, and with --routes
 G,.. tokens routed by their own choice to G centroids fitted on the fit batches.
@@ -35,9 +40,9 @@ from tabulate import tabulate
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from bench.tile_union import layout_work
+from bench.tile_union import extra_work, layout_work
 from sparse_compile.clustering import block_mass, cluster_units, kept_mass
-from sparse_compile.kernels.activation_mask import vnm_select
+from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select
 
 
 def parse_pattern(text: str) -> tuple[int, int, int, int]:
@@ -91,14 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cluster", action="store_true", help="only the units' own order (and --score-rows)")
     p.add_argument("--tile-union", default="", help="comma-separated V: per-token patterns' tiled work (above)")
     p.add_argument("--routes", default="", help="comma-separated G: --tile-union with tokens routed to G groups")
+    p.add_argument("--extras", default="", help="comma-separated R: block patterns with token_extra R (above)")
     args = p.parse_args(argv)
     try:
         score_rows = [int(s) for s in args.score_rows.split(",") if s.strip()]
         tiles = [int(s) for s in args.tile_union.split(",") if s.strip()]
         routes = [int(s) for s in args.routes.split(",") if s.strip()]
+        extras = [int(s) for s in args.extras.split(",") if s.strip()]
     except ValueError:
-        p.error(f"--score-rows {args.score_rows!r}, --tile-union {args.tile_union!r}, --routes {args.routes!r}: "
-                "expected comma-separated ints")  # fmt: skip
+        p.error(f"--score-rows {args.score_rows!r}, --tile-union {args.tile_union!r}, --routes {args.routes!r}, "
+                f"--extras {args.extras!r}: expected comma-separated ints")  # fmt: skip
+    if extras and (not score_rows or routes or any(r < 1 for r in extras)):
+        p.error(f"--extras {args.extras!r}: ints >= 1, with --score-rows (the causal block choice), without --routes")
     if routes and not tiles:
         p.error(f"--routes {args.routes}: needs --tile-union")
     if any(x < 1 for x in tiles + routes):
@@ -112,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         patterns = {text: parse_pattern(text) for text in args.patterns.split(",")}
     except ValueError as e:
         p.error(str(e))
-    if tiles and any(v != 1 or n != 4 or c < 2 for v, n, m, c in patterns.values()):
+    if extras and any(v == 1 for v, n, m, c in patterns.values()):
+        p.error(f"--extras: needs block patterns (V > 1), got --patterns {args.patterns}")
+    if tiles and not extras and any(v != 1 or n != 4 or c < 2 for v, n, m, c in patterns.values()):
         p.error(f"--tile-union: needs per-token chunk patterns 1:4:McC, got --patterns {args.patterns}")
     env = environment(torch.device(device), "python -m bench.cluster_probe", argv)
     print("\n".join(f"{k}: {v}" for k, v in env.items()))
@@ -157,6 +168,15 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"step": step, "pattern": text, "variant": name,
                                  "kept": kept_mass(held, (v, n, m), c, seq=seq, score=s), "agree": agree})  # fmt: skip
                     print(f"  {text:>12} {name:>22}: kept {rows[-1]['kept']:.4f}, agree {agree:.3f}", flush=True)
+                    keeps = [vnm_mask(h.float(), v, n, m, c, seq, s) for h in held] if extras else []
+                    for r in extras:  # each token's own r largest units on top of this causal choice
+                        kept = kept_mass(held, (v, n, m), c, seq=seq, score=s, extra=r)
+                        for tv in tiles or [v]:
+                            work = sum(extra_work(h.float(), k, r, tv) for h, k in zip(held, keeps, strict=True))
+                            how = f"{name}, +{r} per token, tiles of {tv}"
+                            rows.append({"step": step, "pattern": text, "variant": how, "kept": kept,
+                                         "work": work / len(held)})  # fmt: skip
+                            print(f"  {text:>12} {how:>40}: kept {kept:.4f}, extra work {work / len(held):.4f}")
             variants = {"identity": None}
             fit_s = 0.0
             if not args.no_cluster:
@@ -175,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"step": step, "pattern": text, "variant": name, "kept": kept,
                              "fit_s": fit_s if name == "clustered" else ""})  # fmt: skip
                 print(f"  {text:>12} {name:>22}: kept {kept:.4f}", flush=True)
-                if tiles and name in ("identity", "clustered"):
+                if tiles and v == 1 and name in ("identity", "clustered"):  # per-token patterns' layouts
                     units = [h if q is None else h[:, q] for h, q in zip(held, ps or [None] * len(held), strict=True)]
                     fit_units = [h if q is None else h[:, q] for h, q in zip(fit, ps or [None] * len(fit), strict=True)]
                     works = layout_work(units, fit_units, m, c, tiles, [None, *routes])

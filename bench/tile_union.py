@@ -14,11 +14,15 @@ a tile decides the union:
                    empty trailing tiles of route_plan's fixed grid do not.
 A token's route depends on that token alone, so the layout stays causal; the work is what the
 F2 / backward GEMMs of such a layout would do relative to dense (F1 runs in full to choose).
+
+extra_work: the same for token_extra (SparsityConfig.token_extra): on top of a block's choice, each
+token's own r largest units outside it. A tile of V consecutive tokens computes the union of its
+tokens' extra units as a second set of columns (each row masked to its own, so still causal).
 """
 
 import torch
 
-from sparse_compile.kernels.activation_mask import vnm_mask
+from sparse_compile.kernels.activation_mask import vnm_mask, with_token_extra
 from sparse_compile.kernels.routing import route_plan
 
 
@@ -84,3 +88,14 @@ def layout_work(
             for v in tiles:
                 works[(v, g)].append(tile_work(choices, v, route))
     return {key: sum(w) / len(w) for key, w in works.items()}
+
+
+def extra_work(h: torch.Tensor, keep: torch.Tensor, r: int, v: int) -> float:
+    """sum over tiles of V consecutive tokens of V x |union of the tile's tokens' extra units|, over
+    T x F: the columns beyond ``keep`` [T, F] (the block's choice) that an exact tiled layout of each
+    token's own ``r`` largest units of ``h`` [T, F] outside it computes, as a fraction of the dense work."""
+    t, f = h.shape
+    if v < 1 or t % v:
+        raise ValueError(f"extra_work: V={v} tokens per tile for T={t}: expected V >= 1 dividing T")
+    extra = with_token_extra(h, keep, r) & ~keep
+    return float(extra.view(t // v, v, f).any(dim=1).sum()) * v / (t * f)

@@ -90,3 +90,42 @@ def test_cluster_probe_tile_union_on_cpu(tmp_path):
         main(["--patterns", "1:4:16c4", "--routes", "4"])
     with pytest.raises(SystemExit):
         main(["--patterns", "1:4:16c4", "--tile-union", "0"])
+
+
+def test_extra_work_is_the_union_of_each_tiles_extra_units():
+    """extra_work against a loop over tiles: each token's own r largest units outside keep (the
+    row-by-row oracle), their union per tile of V consecutive tokens, V x |union| over T x F."""
+    from bench.tile_union import extra_work
+    from sparse_compile.kernels import vnm_mask
+
+    from .oracle import token_extra_loop
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.relu(torch.randn(64, 96, generator=g)) ** 2
+    keep = vnm_mask(h, 16, 4, 16, 1, 32)
+    for r, v in ((2, 8), (5, 16), (5, 64)):
+        extra = token_extra_loop(h, keep, r) & ~keep
+        union = sum(len(set(extra[i : i + v].nonzero()[:, 1].tolist())) for i in range(0, 64, v))
+        assert extra_work(h, keep, r, v) == pytest.approx(union * v / (64 * 96))
+    assert extra_work(h, keep, 0, 8) == 0.0
+    with pytest.raises(ValueError, match="V=5 tokens per tile for T=64"):
+        extra_work(h, keep, 2, 5)
+
+
+def test_cluster_probe_extras_on_cpu(tmp_path):
+    from bench.cluster_probe import main
+
+    out = tmp_path / "probe.csv"
+    argv = ["--fit-at", "2", "--patterns", "16:4:16c4", "--corpus", "stdlib", "--fit-batches", "1", "--eval-batches",
+            "1", "--data-dir", str(tmp_path / "data"), "--score-rows", "4", "--extras", "2,8"]  # fmt: skip
+    argv += ["--no-cluster"]
+    assert main([*argv, "--csv", str(out)]) == 0
+    rows = {r["variant"]: r for r in csv.DictReader(out.open())}
+    base = float(rows["causal, last 4 rows"]["kept"])
+    two, eight = (rows[f"causal, last 4 rows, +{r} per token, tiles of 16"] for r in (2, 8))
+    assert base < float(two["kept"]) < float(eight["kept"]) <= 1.0  # more of each token's own units kept
+    assert 0.0 < float(two["work"]) < float(eight["work"]) <= 1.0
+    with pytest.raises(SystemExit):
+        main(["--patterns", "16:4:16c4", "--extras", "2"])  # no --score-rows
+    with pytest.raises(SystemExit):
+        main(["--patterns", "1:4:16c4", "--score-rows", "4", "--extras", "2"])  # per-token pattern
