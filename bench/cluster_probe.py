@@ -40,7 +40,7 @@ from tabulate import tabulate
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
 from bench.model import GPT, SIZES, train_step
-from bench.tile_union import extra_work, layout_work
+from bench.tile_union import extra_work, layout_work, token_extras
 from sparse_compile.clustering import block_mass, cluster_units, kept_mass
 from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select
 
@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                     keeps = [vnm_mask(h.float(), v, n, m, c, seq, s) for h in held] if extras else []
                     for r in extras:  # each token's own r largest units on top of this causal choice
                         kept = kept_mass(held, (v, n, m), c, seq=seq, score=s, extra=r)
+                        added = [token_extras(h.float(), k, r) for h, k in zip(held, keeps, strict=True)]
                         for tv in tiles or [v]:
-                            work = sum(extra_work(h.float(), k, r, tv) for h, k in zip(held, keeps, strict=True))
+                            work = sum(extra_work(e, tv) for e in added)
                             how = f"{name}, +{r} per token, tiles of {tv}"
                             rows.append({"step": step, "pattern": text, "variant": how, "kept": kept,
                                          "work": work / len(held)})  # fmt: skip

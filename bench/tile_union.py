@@ -90,12 +90,17 @@ def layout_work(
     return {key: sum(w) / len(w) for key, w in works.items()}
 
 
-def extra_work(h: torch.Tensor, keep: torch.Tensor, r: int, v: int) -> float:
-    """sum over tiles of V consecutive tokens of V x |union of the tile's tokens' extra units|, over
-    T x F: the columns beyond ``keep`` [T, F] (the block's choice) that an exact tiled layout of each
-    token's own ``r`` largest units of ``h`` [T, F] outside it computes, as a fraction of the dense work."""
-    t, f = h.shape
+def token_extras(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tensor:
+    """bool [T, F]: each token's own ``r`` largest units of ``h`` [T, F] outside ``keep`` (the block's
+    choice), the units token_extra adds (activation_mask.with_token_extra)."""
+    return with_token_extra(h, keep, r) & ~keep
+
+
+def extra_work(extras: torch.Tensor, v: int) -> float:
+    """sum over tiles of V consecutive tokens of V x |union of the tile's tokens' ``extras``| (token_extras
+    [T, F]), over T x F: the columns beyond the block's choice that an exact tiled layout computes, as a
+    fraction of the dense work."""
+    t, f = extras.shape
     if v < 1 or t % v:
         raise ValueError(f"extra_work: V={v} tokens per tile for T={t}: expected V >= 1 dividing T")
-    extra = with_token_extra(h, keep, r) & ~keep
-    return float(extra.view(t // v, v, f).any(dim=1).sum()) * v / (t * f)
+    return float(extras.view(t // v, v, f).any(dim=1).sum()) * v / (t * f)

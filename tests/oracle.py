@@ -23,6 +23,13 @@ def token_extra_loop(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tenso
     return out
 
 
+def oracle_keep(h2: torch.Tensor, config: SparsityConfig, seq: int | None) -> torch.Tensor:
+    """The activation mask [T, F] of ``config`` on h2 [T, F]: its V:N:M pattern (causal over ``seq``
+    tokens), then each token's token_extra units (token_extra_loop)."""
+    keep = vnm_mask(h2, *config.activation_pattern, config.chunk, seq, config.score_rows)
+    return token_extra_loop(h2, keep, config.token_extra)
+
+
 def oracle_ffn(x, w1, b1, w2, b2, config: SparsityConfig):
     """y and gradients (dict name -> grad) of sum(y * gy) for a random gy, straight-through weights."""
     leaves = {}
@@ -48,7 +55,6 @@ def oracle_ffn(x, w1, b1, w2, b2, config: SparsityConfig):
         h2 = h.reshape(-1, h.shape[-1])
         if h2.shape[0] % pattern[0] == 0:
             seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
-            keep = vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows)
-            h = h * token_extra_loop(h2.detach(), keep, config.token_extra).reshape(h.shape)
+            h = h * oracle_keep(h2.detach(), config, seq).reshape(h.shape)
     y = F.linear(h, w2l, b2l)
     return y, leaves

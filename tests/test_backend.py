@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports, dense_phase
-from sparse_compile.kernels import transposable_24_mask, vnm_mask
+from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.options import BackendOptions
 
-from .oracle import token_extra_loop
+from .oracle import oracle_keep
 
 
 class Block(nn.Module):
@@ -56,8 +56,7 @@ def oracle_forward(model: Stack, x: torch.Tensor, config: SparsityConfig) -> tor
         h2 = h.reshape(-1, h.shape[-1])
         if pattern is not None and h2.shape[0] % pattern[0] == 0:
             seq = (h.shape[-2] if h.dim() >= 3 else h2.shape[0]) if config.causal else None
-            keep = vnm_mask(h2.detach(), *pattern, config.chunk, seq, config.score_rows)
-            h = h * token_extra_loop(h2.detach(), keep, config.token_extra).reshape(h.shape)
+            h = h * oracle_keep(h2.detach(), config, seq).reshape(h.shape)
         x = x + F.linear(h, ste(b.proj.weight), b.proj.bias)
     return x
 

@@ -95,7 +95,7 @@ def test_cluster_probe_tile_union_on_cpu(tmp_path):
 def test_extra_work_is_the_union_of_each_tiles_extra_units():
     """extra_work against a loop over tiles: each token's own r largest units outside keep (the
     row-by-row oracle), their union per tile of V consecutive tokens, V x |union| over T x F."""
-    from bench.tile_union import extra_work
+    from bench.tile_union import extra_work, token_extras
     from sparse_compile.kernels import vnm_mask
 
     from .oracle import token_extra_loop
@@ -106,10 +106,11 @@ def test_extra_work_is_the_union_of_each_tiles_extra_units():
     for r, v in ((2, 8), (5, 16), (5, 64)):
         extra = token_extra_loop(h, keep, r) & ~keep
         union = sum(len(set(extra[i : i + v].nonzero()[:, 1].tolist())) for i in range(0, 64, v))
-        assert extra_work(h, keep, r, v) == pytest.approx(union * v / (64 * 96))
-    assert extra_work(h, keep, 0, 8) == 0.0
+        assert torch.equal(token_extras(h, keep, r), extra)
+        assert extra_work(token_extras(h, keep, r), v) == pytest.approx(union * v / (64 * 96))
+    assert extra_work(token_extras(h, keep, 0), 8) == 0.0
     with pytest.raises(ValueError, match="V=5 tokens per tile for T=64"):
-        extra_work(h, keep, 2, 5)
+        extra_work(token_extras(h, keep, 2), 5)
 
 
 def test_cluster_probe_extras_on_cpu(tmp_path):
