@@ -14,7 +14,9 @@ A process overruns the limit by its start-up (imports), its last step and its ch
 give --time-limit about a minute less than the caller's own limit.
 Arguments after `--` go to every bench.train process, unchanged between calls (--resume checks).
 A --sparsity value may carry its own bench.train arguments after ' -- ' (one arm of a schedule
-sweep): '{"activations": "128:4:16", "causal": true} -- --final-dense-frac 0.4'.
+sweep): '{"activations": "128:4:16", "causal": true} -- --final-dense-frac 0.4'. They come after
+the shared ones, so an arm's own flag wins over the same shared flag: with `-- --steps 2000` shared,
+'chunked -- --steps 2400' runs 2400 steps while the dense seeds run 2000.
 
 When every seed of a configuration and of the dense runs has finished, prints bench.seeds' paired
 table of that configuration and writes OUT/<arm>_seeds.csv.
@@ -84,13 +86,15 @@ def jobs_of(args: argparse.Namespace) -> tuple[list[Job], dict[str, list[Path]]]
     arms = []
     for text in args.sparsity:
         config, extra = split_arm(text)
-        arms.append((arm_name(text), ["--runs", "sparse", "--sparsity", config, *extra]))
+        arms.append((arm_name(text), ["--runs", "sparse", "--sparsity", config], extra))
     if not args.dense and not args.dense_csv:
-        arms.insert(0, ("dense", ["--runs", "dense"]))
-    for arm, argv in arms:
+        arms.insert(0, ("dense", ["--runs", "dense"], []))
+    for arm, argv, extra in arms:
         folders[arm] = []
         for s in args.seeds:
-            job = Job(arm, s, args.out / f"{arm}_s{s}", [*argv, "--seed", str(s), "--no-progress", *args.train])
+            # the arm's own arguments last: where both give a flag (--steps), the arm's wins
+            argv_s = [*argv, "--seed", str(s), "--no-progress", *args.train, *extra]
+            job = Job(arm, s, args.out / f"{arm}_s{s}", argv_s)
             jobs.append(job)
             folders[arm].append(job.folder)
     if args.dense:
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sparsity {args.sparsity}: two arms with the same folder name")
     for s in args.sparsity:  # bench.train's own checks, before any process starts
         config, extra = split_arm(s)
-        checked = train_args(["--sparsity", config, *extra, *train])
+        checked = train_args(["--sparsity", config, *train, *extra])
     Corpus.load(checked.data_dir, source=checked.corpus)  # built once, before the processes read it
     jobs, folders = jobs_of(args)
     run(jobs, args.parallel, args.time_limit, args.min_seconds)

@@ -526,11 +526,12 @@ def test_sweep_stops_resumes_and_tables_each_configuration(tmp_path):
 
 
 def test_sweep_arm_with_its_own_train_arguments(tmp_path):
-    """A --sparsity value with ' -- ARGS': its jobs get ARGS before the shared ones, its folder name
-    says so, and two arms that differ only in ARGS are two arms."""
+    """A --sparsity value with ' -- ARGS': its jobs get ARGS after the shared ones (so the arm's own
+    flag wins), its folder name says so, and two arms that differ only in ARGS are two arms."""
     import argparse
 
     from bench.sweep import jobs_of, split_arm
+    from bench.train import parse_args as train_args
 
     causal = '{"activations": "128:4:16", "causal": true}'
     assert split_arm(f"{causal} -- --final-dense-frac 0.4") == (causal, ["--final-dense-frac", "0.4"])
@@ -548,9 +549,16 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
         "activations-128-4-16-causal-true_s0",
         "activations-128-4-16-causal-true-final-dense-frac-0-4_s0",
     ]
-    own = ["--runs", "sparse", "--sparsity", causal, "--final-dense-frac", "0.4"]
-    assert jobs[1].argv == [*own, "--seed", "0", "--no-progress", "--steps", "8"]  # the shared arguments last
-    assert jobs[0].argv == [*own[:4], "--seed", "0", "--no-progress", "--steps", "8"]
+    own = ["--runs", "sparse", "--sparsity", causal]
+    shared = ["--seed", "0", "--no-progress", "--steps", "8"]
+    assert jobs[1].argv == [*own, *shared, "--final-dense-frac", "0.4"]  # the arm's own arguments last
+    assert jobs[0].argv == [*own, *shared]
+    args.sparsity = [f"{causal} -- --steps 12"]  # a flag given both ways: the arm's own wins, dense keeps the shared
+    args.dense = None
+    jobs, _ = jobs_of(args)
+    steps = {j.arm: train_args([*j.argv, "--out", "x"]).steps for j in jobs}
+    assert steps == {"dense": 8, "activations-128-4-16-causal-true-steps-12": 12}
+    args.sparsity, args.dense = [causal, f"{causal} -- --final-dense-frac 0.4"], [tmp_path / "d0"]
     assert folders["dense"] == [tmp_path / "d0"]
     args.dense, args.dense_csv = None, tmp_path / "dense.csv"  # dense finals from a CSV: no dense job
     jobs, folders = jobs_of(args)

@@ -246,3 +246,31 @@ def test_no_revision_hashes_in_code_or_readme():
     ]
     assert not found
     assert not REVISION.search(README)
+
+
+WHOLE_RUN = "| model, steps, peak lr | recipe (the default's pattern) |"
+
+
+def test_whole_run_budgets_are_their_csv():
+    """Section 6c: every budget's paired mean ± s.e. (or a single seed's gap) is the budgets CSV's."""
+    path = _path(next(line for line in RESULTS.splitlines() if "most-sparse_structures_budgets" in line))
+    rows = _csv(path)
+    table = _rows(RESULTS, WHOLE_RUN)
+    assert len(table) == 4
+    for row in table:
+        model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
+        size = {"126M": "", "352M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
+        schedule = "default schedule 10% / 65%" if "default schedule" in recipe else "10% / 80% / 10%"
+        seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
+        for budget, cell in re.findall(r"(\d+): ([^;]+)", row["budget, steps: val vs dense (paired)"]):
+            head = f"{size}block-shared: default chunked, {schedule}"
+            tail = f"{budget} steps (time-to-quality budget)"
+            names = (f"{head}, {tail}", f"{head} stretched to {tail}")
+            diffs = [float(r["diff"]) for r in rows if r["structure"] in names]
+            assert len(diffs) == seeds, (model, budget)
+            mean = sum(diffs) / len(diffs)
+            want = f"{mean:+.2%}"
+            if seeds > 1:
+                se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5
+                want += f" ± {se:.2%}"
+            assert cell.strip() == want, (model, budget)
