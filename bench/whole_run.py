@@ -15,7 +15,10 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
 - projection to larger models (labelled as one): with a fraction f of the steps sparse, a sparse
   step s times as fast as a dense one (bench.e2e at that size) and k = the recipe's steps to the
   target over the dense run's steps, the whole run is 1 / (k (1 - f + f / s)) times as fast.
-  It assumes the 125M recipe's quality per step carries over to the larger model.
+  It assumes k, measured at the runs' own size and length, carries over to the size projected to;
+- slope: how much lower the final loss ends per 1% more steps, between the two budgets that
+  bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
+  equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
 
     python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
         --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555
@@ -93,22 +96,31 @@ class IsoQuality:
     bound: str  # "=" interpolated, ">=" the smallest budget already reaches it, "" not reached
     steps_ratio: float | None  # recipe steps at the target / dense steps (k)
     gap: float  # the largest budget's final loss vs the target, relative (> 0: above)
+    slope: float | None = None  # fall of the final loss / target per 1% more steps (module docstring)
+
+
+def _slope(a: Run, b: Run, target: float) -> float:
+    """(a's final loss - b's) / target per 1% more steps from budget a to the larger budget b."""
+    return (a.final_val - b.final_val) / target / (100.0 * (b.steps / a.steps - 1.0))
 
 
 def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: list[Run]) -> IsoQuality:
     """The recipe's speedup at the dense quality ``target`` from its runs at several budgets, taken in
     order of their steps (the budget; wall times of runs that shared a GPU need not follow it)."""
     runs = sorted(budgets, key=lambda r: r.steps)
+    if len({r.steps for r in runs}) != len(runs):
+        raise ValueError(f"iso_quality: budgets of {[r.steps for r in runs]} steps: expected one run per budget")
     gap = runs[-1].final_val / target - 1
     if runs[0].final_val <= target:
-        return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap)
+        slope = _slope(runs[0], runs[1], target) if len(runs) > 1 else None
+        return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap, slope)
     for a, b in zip(runs, runs[1:], strict=False):
         if b.final_val <= target < a.final_val:
             w = (a.final_val - target) / (a.final_val - b.final_val)
             wall = a.wall_s + w * (b.wall_s - a.wall_s)
             steps = a.steps + w * (b.steps - a.steps)
-            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap)
-    return IsoQuality(None, "", None, gap)
+            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap, _slope(a, b, target))
+    return IsoQuality(None, "", None, gap, _slope(runs[-2], runs[-1], target) if len(runs) > 1 else None)
 
 
 def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: float = 1.0) -> float:
@@ -171,6 +183,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
+            "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
             "iso-quality speedup (wall time: runs alone only)": "not reached"
             if iso.speedup is None
             else f"{iso.bound}{iso.speedup:.3f}x",

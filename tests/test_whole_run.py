@@ -52,6 +52,20 @@ def test_iso_quality_interpolates_between_bracketing_budgets():
     assert iso.gap == pytest.approx(1.97 / 2.0 - 1)
 
 
+def test_slope_is_the_loss_fall_per_percent_of_steps_around_the_target():
+    """From 100 to 120 steps (20% more) the loss falls 2.2 -> 1.9, 0.3 / 2.0 = 15% of the target:
+    0.75% per 1% more steps; unreached or already reached, the pair nearest the target."""
+    from bench.whole_run import Run
+
+    budgets = [Run(120, 60.0, 1.9, 0.8), Run(100, 50.0, 2.2, 0.8), Run(140, 70.0, 1.7, 0.8)]
+    assert iso_quality(80.0, 100, 2.0, budgets).slope == pytest.approx(0.3 / 2.0 / 20)
+    assert iso_quality(80.0, 100, 1.5, budgets).slope == pytest.approx(0.2 / 1.5 / (100 * (140 / 120 - 1)))
+    assert iso_quality(80.0, 100, 2.5, budgets).slope == pytest.approx(0.3 / 2.5 / 20)
+    assert iso_quality(80.0, 100, 2.5, budgets[:1]).slope is None
+    with pytest.raises(ValueError, match="one run per budget"):
+        iso_quality(80.0, 100, 2.0, [*budgets, Run(100, 51.0, 2.1, 0.8)])
+
+
 def test_projection_formula():
     assert projected_speedup(0.25, 1.475) == pytest.approx(1.09, abs=0.005)
     assert projected_speedup(0.75, 1.475) == pytest.approx(1.32, abs=0.005)
@@ -74,6 +88,7 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert "projection 1.3b (s=1.5)" in rows[0]
     # 2.1 -> 1.95 crosses 2.0 at 2/3 of the way from 100 to 120 steps
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
+    assert rows[0]["loss fall per 1% more steps"] == f"{0.15 / 2.0 / 20:.2%}"
     assert "target: dense final val 2.0000" in capsys.readouterr().out
     never = main(["--dense", d, "--recipe", f"r={s1}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert never[0]["steps to the target (k)"] == ">1.000"
