@@ -5,7 +5,8 @@ Each (configuration, seed) is one process, `python -m bench.train --runs sparse 
 writing to OUT/<arm>_s<S>; the dense seeds likewise (`--runs dense`) to OUT/dense_s<S>, unless
 --dense names finished bench.train folders, one per seed, or --dense-csv a bench.seeds CSV whose
 per-seed rows hold the same seeds' dense finals (measured before; no dense process runs).
-At most --parallel processes run at once.
+At most --parallel processes run at once; with --gpus N they are spread over N GPUs, each process
+seeing one (a sweep of 1B+ models: one run per GPU, --parallel N).
 Each process gets what is left of --time-limit as its own --time-limit: it stops after the first step
 past it and writes its checkpoint, and the same command run again resumes it (`--resume`), step for
 step as if never stopped. A folder with a summary.txt is finished and does not run again; a process
@@ -26,6 +27,7 @@ table of that configuration and writes OUT/<arm>_seeds.csv.
 """
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
@@ -102,26 +104,41 @@ def jobs_of(args: argparse.Namespace) -> tuple[list[Job], dict[str, list[Path]]]
     return jobs, folders
 
 
-def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll: float = 2.0) -> None:
-    """Run the unfinished jobs, at most ``parallel`` at a time, within ``seconds`` from now."""
+def least_busy(busy: list[int]) -> int:
+    """The GPU with the fewest running processes (ties to the lower index)."""
+    return min(range(len(busy)), key=lambda g: (busy[g], g))
+
+
+def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll: float = 2.0, gpus: int = 0) -> None:
+    """Run the unfinished jobs, at most ``parallel`` at a time, within ``seconds`` from now. With
+    ``gpus`` = N > 0 each process sees one GPU (CUDA_VISIBLE_DEVICES), the least busy of 0 .. N-1."""
     deadline = time.monotonic() + seconds
     queue = [j for j in jobs if not j.finished]
-    running: list[tuple[Job, subprocess.Popen]] = []
+    running: list[tuple[Job, subprocess.Popen, int]] = []
+    busy = [0] * gpus
     while queue or running:
         while queue and len(running) < parallel and deadline - time.monotonic() >= min_seconds:
             job = queue.pop(0)
             job.folder.mkdir(parents=True, exist_ok=True)
+            gpu, env = -1, None
+            if gpus:
+                gpu = least_busy(busy)
+                busy[gpu] += 1
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
             with open(job.folder / "train.log", "a") as log:
-                proc = subprocess.Popen(job.command(deadline - time.monotonic()), stdout=log, stderr=subprocess.STDOUT)
-            running.append((job, proc))
-            print(f"started {job.folder.name}", flush=True)
+                cmd = job.command(deadline - time.monotonic())
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            running.append((job, proc, gpu))
+            print(f"started {job.folder.name}" + (f" on GPU {gpu}" if gpus else ""), flush=True)
         if not running:
             break
         time.sleep(poll)
-        for job, proc in list(running):
+        for job, proc, gpu in list(running):
             if proc.poll() is not None:
                 job.rc = proc.returncode
-                running.remove((job, proc))
+                running.remove((job, proc, gpu))
+                if gpus:
+                    busy[gpu] -= 1
                 print(f"ended {job.folder.name}: {job.state()}", flush=True)
 
 
@@ -140,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense", nargs="+", type=Path, help="finished dense bench.train folders, one per seed")
     p.add_argument("--dense-csv", type=Path, help="a bench.seeds CSV with the seeds' dense finals, one row per seed")
     p.add_argument("--parallel", type=int, default=5, help="processes at a time (5 x 125M fit on one H100)")
+    p.add_argument(
+        "--gpus", type=int, default=0,
+        help="N > 0: spread the processes over GPUs 0..N-1, each seeing one (CUDA_VISIBLE_DEVICES); 0: leave it",
+    )  # fmt: skip
     p.add_argument("--time-limit", type=float, required=True, metavar="SECONDS", help="this call's wall time")
     p.add_argument("--min-seconds", type=float, default=120.0, help="start no process with less time left")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
@@ -163,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"--seeds {args.seeds} (need the same, in order)")  # fmt: skip
     if args.parallel < 1 or not args.time_limit > 0:
         p.error(f"--parallel {args.parallel}, --time-limit {args.time_limit}: expected >= 1 and > 0")
+    if args.gpus < 0:
+        p.error(f"--gpus {args.gpus}: expected 0 (leave CUDA_VISIBLE_DEVICES) or the number of GPUs")
     if len({arm_name(s) for s in args.sparsity}) != len(args.sparsity):
         p.error(f"--sparsity {args.sparsity}: two arms with the same folder name")
     for s in args.sparsity:  # bench.train's own checks, before any process starts
@@ -170,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         checked = train_args(["--sparsity", config, *train, *extra])
     Corpus.load(checked.data_dir, source=checked.corpus)  # built once, before the processes read it
     jobs, folders = jobs_of(args)
-    run(jobs, args.parallel, args.time_limit, args.min_seconds)
+    run(jobs, args.parallel, args.time_limit, args.min_seconds, gpus=args.gpus)
     print(tabulate([[j.folder.name, j.state()] for j in jobs], headers=["run", "state"], tablefmt="github"))
     done = {arm: all((f / "summary.txt").is_file() for f in fs) for arm, fs in folders.items()}
     for arm, fs in folders.items():

@@ -6,6 +6,7 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -563,6 +564,40 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
     args.dense, args.dense_csv = None, tmp_path / "dense.csv"  # dense finals from a CSV: no dense job
     jobs, folders = jobs_of(args)
     assert "dense" not in folders and all(j.arm != "dense" for j in jobs) and len(jobs) == 2
+
+
+def test_sweep_spreads_processes_over_gpus(tmp_path, monkeypatch):
+    """--gpus 2 --parallel 3: each process sees one GPU, the least busy; without --gpus the
+    environment is left alone."""
+    import bench.sweep as sweep
+
+    lifetimes = {"a_s0": 1, "b_s0": 3, "c_s0": 3, "d_s0": 1}  # polls until each process ends
+    seen = {}
+
+    class FakeProc:
+        def __init__(self, cmd, stdout, stderr, env):
+            self.name = Path(cmd[cmd.index("--out") + 1]).name
+            seen[self.name] = None if env is None else env["CUDA_VISIBLE_DEVICES"]
+            self.left = lifetimes[self.name]
+            self.returncode = None
+
+        def poll(self):
+            self.left -= 1
+            if self.left <= 0:
+                self.returncode = 0
+            return self.returncode
+
+    monkeypatch.setattr(sweep.subprocess, "Popen", FakeProc)
+    jobs = [sweep.Job(n[0], 0, tmp_path / n, []) for n in lifetimes]
+    sweep.run(jobs, parallel=3, seconds=60, min_seconds=0, poll=0, gpus=2)
+    # a -> 0, b -> 1, c -> 0; a ends first, so d goes to GPU 0 (1 process each: the lower index)
+    assert seen == {"a_s0": "0", "b_s0": "1", "c_s0": "0", "d_s0": "0"}
+    assert sweep.least_busy([2, 1, 1]) == 1
+    seen.clear()
+    jobs = [sweep.Job(n[0], 0, tmp_path / f"x{n}", []) for n in lifetimes]
+    lifetimes.update({f"x{n}": 1 for n in list(lifetimes)})
+    sweep.run(jobs, parallel=3, seconds=60, min_seconds=0, poll=0)
+    assert set(seen.values()) == {None}
 
 
 def test_op_host_time_rounds_move_every_row():
