@@ -523,7 +523,8 @@ def train_one(
         interval_tokens += tokens_per_step
         losses.append(loss.item())
         last = step == args.steps - 1
-        if (step + 1) % args.log_every == 0 or last:
+        evaluate_now = (step + 1) % args.eval_every == 0 or last  # a logged row too, whatever the log cadence
+        if (step + 1) % args.log_every == 0 or evaluate_now:
             row = {
                 "run": name,
                 "step": step + 1,
@@ -537,7 +538,7 @@ def train_one(
                 "recluster_probe_s": distributed.mean(recluster["probe"], d, device),
                 "recluster_fit_s": distributed.mean(recluster["fit"], d, device),
             }
-            if (step + 1) % args.eval_every == 0 or last:
+            if evaluate_now:
                 sparse_compile.set_phase(window)
                 row["val_loss"] = evaluate(args.final_eval_iters if last else args.eval_iters)
                 if window == "sparse":  # the same weights with dense FFNs: does the sparse model lean on

@@ -139,6 +139,20 @@ def test_train_smoke_on_cpu(tmp_path):
     assert "final val loss" in (out / "summary.txt").read_text()
 
 
+def test_train_evaluates_on_its_cadence_whatever_the_log_cadence(tmp_path):
+    """--eval-every 4 with --log-every 3 (4 not a multiple of 3): validation at steps 4, 8 and the
+    last, each on a logged row of its own (a 2000-step run's defaults, 62 and 250, are such a pair)."""
+    from bench.train import main as train_main
+
+    argv = ["--steps", "10", "--batch-size", "2", "--seq-len", "64", "--log-every", "3", "--eval-every", "4"]
+    argv += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), "--runs", "dense"]
+    assert train_main([*argv, "--out", str(tmp_path / "run")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "run" / "log.csv")))
+    assert [int(r["step"]) for r in rows] == [3, 4, 6, 8, 9, 10]
+    assert [int(r["step"]) for r in rows if r["val_loss"]] == [4, 8, 10]
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
