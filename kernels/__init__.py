@@ -14,6 +14,6 @@ __all__ = [
     "sqrelu_ffn_forward_ref",
     "transposable_24_mask",
     "vnm_mask",
-    "with_token_extra",
     "vnm_select",
+    "with_token_extra",
 ]
