@@ -42,6 +42,13 @@ from bench import checkpoint, seeds
 from bench.data import Corpus
 from bench.train import parse_args as train_args
 
+RESERVED = ("--seed", "--runs", "--out", "--resume", "--time-limit", "--sparsity")  # the sweep sets these
+
+
+def reserved_flags(argv: list[str]) -> list[str]:
+    """The flags of ``argv`` that the sweep sets itself for every process (also as --flag=value)."""
+    return [a for a in argv if a.split("=", 1)[0] in RESERVED]
+
 
 def split_arm(text: str) -> tuple[str, list[str]]:
     """'CONFIG -- ARGS' -> (CONFIG, ARGS split as a shell would); 'CONFIG' -> (CONFIG, [])."""
@@ -184,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"--seeds {args.seeds} (need the same, in order)")  # fmt: skip
     if args.parallel < 1 or not args.time_limit > 0:
         p.error(f"--parallel {args.parallel}, --time-limit {args.time_limit}: expected >= 1 and > 0")
+    for where, argv_ in [("after --", train), *((f"--sparsity {t!r}", split_arm(t)[1]) for t in args.sparsity)]:
+        if reserved_flags(argv_):
+            p.error(f"{where}: {reserved_flags(argv_)}: the sweep sets {', '.join(RESERVED)} for each process itself")
     if args.gpus < 0:
         p.error(f"--gpus {args.gpus}: expected 0 (leave CUDA_VISIBLE_DEVICES) or the number of GPUs")
     if len({arm_name(s) for s in args.sparsity}) != len(args.sparsity):

@@ -574,6 +574,15 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
     steps = {j.arm: train_args([*j.argv, "--out", "x"]).steps for j in jobs}
     assert steps == {"dense": 8, "activations-128-4-16-causal-true-steps-12": 12}
     args.sparsity, args.dense = [causal, f"{causal} -- --final-dense-frac 0.4"], [tmp_path / "d0"]
+    from bench.sweep import main as sweep_main
+
+    for bad in ([f"{causal} -- --seed 7"], [causal, "venom -- --runs=dense"]):  # the sweep's own flags: refused
+        argv = [x for t in bad for x in ("--sparsity", t)]
+        with pytest.raises(SystemExit):
+            sweep_main([*argv, "--time-limit", "1", "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit):
+        sweep_main(["--sparsity", causal, "--time-limit", "1", "--out", str(tmp_path / "bad"), "--", "--out", "x"])
+    assert not (tmp_path / "bad").exists()
     assert folders["dense"] == [tmp_path / "d0"]
     args.dense, args.dense_csv = None, tmp_path / "dense.csv"  # dense finals from a CSV: no dense job
     jobs, folders = jobs_of(args)

@@ -9,6 +9,8 @@ import csv
 import re
 from pathlib import Path
 
+from bench.whole_run import projected_speedup
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 RESULTS = (ROOT / "bench" / "RESULTS.md").read_text()
@@ -259,7 +261,7 @@ def test_whole_run_budgets_are_their_csv():
     assert len(table) == 4
     for row in table:
         model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
-        size = {"126M": "", "352M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
+        size = {"126M": "", "353M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
         schedule = "default schedule 10% / 65%" if "default schedule" in recipe else "10% / 80% / 10%"
         seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
         for budget, cell in re.findall(r"(\d+): ([^;]+)", row["budget, steps: val vs dense (paired)"]):
@@ -274,3 +276,9 @@ def test_whole_run_budgets_are_their_csv():
                 se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5
                 want += f" ± {se:.2%}"
             assert cell.strip() == want, (model, budget)
+        ks = row["k, steps to the dense loss (per seed)"]
+        if ">" in ks:  # not reached: the projection is a bound
+            continue
+        for header, s in (("projected whole run, 1.3B (s = 1.475)", 1.475), ("2.7B (s = 1.555)", 1.555)):
+            want = ", ".join(f"{projected_speedup(0.8, s, float(k)):.2f}x" for k in ks.split(","))
+            assert row[header] == want, (model, header)
