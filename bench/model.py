@@ -29,7 +29,7 @@ SIZES: dict[str, GPTConfig] = {
     # 126M parameters with FFN hidden 4096: a multiple of 2048, as keep 1/4 (M = 16) in chunks of
     # 128 needs (the 125m model's 3072 is not)
     "125m-d1024": GPTConfig(block_size=1024, n_layer=10, n_head=16, n_embd=1024),
-    "350m": GPTConfig(block_size=1024, n_layer=28, n_head=16, n_embd=1024),  # 352M parameters
+    "350m": GPTConfig(block_size=1024, n_layer=28, n_head=16, n_embd=1024),  # 353M parameters
     "1.3b": GPTConfig(block_size=2048, n_layer=24, n_head=16, n_embd=2048),  # 1.21B parameters
     "3b": GPTConfig(block_size=2048, n_layer=24, n_head=24, n_embd=3072),  # 2.72B parameters
 }

@@ -111,6 +111,13 @@ def jobs_of(args: argparse.Namespace) -> tuple[list[Job], dict[str, list[Path]]]
     return jobs, folders
 
 
+def visible_device(i: int) -> str:
+    """The i-th GPU this process sees, as CUDA_VISIBLE_DEVICES names it for a child (through the
+    sweep's own CUDA_VISIBLE_DEVICES list where one is set)."""
+    own = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return own.split(",")[i].strip() if own else str(i)
+
+
 def least_busy(busy: list[int]) -> int:
     """The GPU with the fewest running processes (ties to the lower index)."""
     return min(range(len(busy)), key=lambda g: (busy[g], g))
@@ -130,11 +137,12 @@ def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll
             gpu, env = -1, None
             if gpus:
                 gpu = least_busy(busy)
-                busy[gpu] += 1
-                env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(gpu)}
             with open(job.folder / "train.log", "a") as log:
                 cmd = job.command(deadline - time.monotonic())
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            if gpus:
+                busy[gpu] += 1
             running.append((job, proc, gpu))
             print(f"started {job.folder.name}" + (f" on GPU {gpu}" if gpus else ""), flush=True)
         if not running:
@@ -196,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{where}: {reserved_flags(argv_)}: the sweep sets {', '.join(RESERVED)} for each process itself")
     if args.gpus < 0:
         p.error(f"--gpus {args.gpus}: expected 0 (leave CUDA_VISIBLE_DEVICES) or the number of GPUs")
+    if args.gpus:
+        import torch
+
+        if torch.cuda.device_count() < args.gpus:
+            p.error(f"--gpus {args.gpus}: this machine shows {torch.cuda.device_count()} CUDA device(s)")
     if len({arm_name(s) for s in args.sparsity}) != len(args.sparsity):
         p.error(f"--sparsity {args.sparsity}: two arms with the same folder name")
     for s in args.sparsity:  # bench.train's own checks, before any process starts

@@ -90,7 +90,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__, formatter_class=_HelpFormatter)
+    # no abbreviations: bench.sweep refuses the flags it sets itself by their full names
+    p = argparse.ArgumentParser(
+        prog="python -m bench.train", description=__doc__, formatter_class=_HelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda'")
     p.add_argument("--size", choices=sorted(SIZES), help="model size (default: tiny on CPU, 125m-d1024 on CUDA)")
     p.add_argument("--steps", type=_positive, help="training steps per run (default: 150 CPU, 2400 CUDA)")

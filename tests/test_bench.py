@@ -540,7 +540,7 @@ def test_sweep_stops_resumes_and_tables_each_configuration(tmp_path):
     assert float(rows[0]["dense"]) != float(rows[0]["sparse"])
 
 
-def test_sweep_arm_with_its_own_train_arguments(tmp_path):
+def test_sweep_arm_with_its_own_train_arguments(tmp_path, capsys):
     """A --sparsity value with ' -- ARGS': its jobs get ARGS after the shared ones (so the arm's own
     flag wins), its folder name says so, and two arms that differ only in ARGS are two arms."""
     import argparse
@@ -580,8 +580,14 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
         argv = [x for t in bad for x in ("--sparsity", t)]
         with pytest.raises(SystemExit):
             sweep_main([*argv, "--time-limit", "1", "--out", str(tmp_path / "bad")])
+        assert "the sweep sets --seed" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sweep_main(["--sparsity", causal, "--time-limit", "1", "--out", str(tmp_path / "bad"), "--", "--out", "x"])
+    assert "['--out']: the sweep sets" in capsys.readouterr().err
+    for abbreviated in ("--see", "--run=dense"):  # bench.train takes no abbreviation that could slip past
+        with pytest.raises(SystemExit):
+            train_args(["--sparsity", causal, abbreviated, "7"])
+        assert "unrecognized arguments" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     assert folders["dense"] == [tmp_path / "d0"]
     args.dense, args.dense_csv = None, tmp_path / "dense.csv"  # dense finals from a CSV: no dense job
@@ -589,7 +595,7 @@ def test_sweep_arm_with_its_own_train_arguments(tmp_path):
     assert "dense" not in folders and all(j.arm != "dense" for j in jobs) and len(jobs) == 2
 
 
-def test_sweep_spreads_processes_over_gpus(tmp_path, monkeypatch):
+def test_sweep_spreads_processes_over_gpus(tmp_path, monkeypatch, capsys):
     """--gpus 2 --parallel 3: each process sees one GPU, the least busy; without --gpus the
     environment is left alone."""
     import bench.sweep as sweep
@@ -621,6 +627,12 @@ def test_sweep_spreads_processes_over_gpus(tmp_path, monkeypatch):
     lifetimes.update({f"x{n}": 1 for n in list(lifetimes)})
     sweep.run(jobs, parallel=3, seconds=60, min_seconds=0, poll=0)
     assert set(seen.values()) == {None}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # the sweep's own GPUs: its children get 4 and 5
+    assert [sweep.visible_device(i) for i in (0, 1)] == ["4", "5"]
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(SystemExit):
+            sweep.main(["--sparsity", "chunked", "--gpus", "2", "--time-limit", "1", "--out", str(tmp_path / "g")])
+        assert "--gpus 2: this machine shows" in capsys.readouterr().err
 
 
 def test_op_host_time_rounds_move_every_row():
