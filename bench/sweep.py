@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tabulate import tabulate
 
 from bench import checkpoint, seeds
@@ -200,15 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1 or not args.time_limit > 0:
         p.error(f"--parallel {args.parallel}, --time-limit {args.time_limit}: expected >= 1 and > 0")
     for where, argv_ in [("after --", train), *((f"--sparsity {t!r}", split_arm(t)[1]) for t in args.sparsity)]:
-        if reserved_flags(argv_):
-            p.error(f"{where}: {reserved_flags(argv_)}: the sweep sets {', '.join(RESERVED)} for each process itself")
+        if reserved := reserved_flags(argv_):
+            p.error(f"{where}: {reserved}: the sweep sets {', '.join(RESERVED)} for each process itself")
     if args.gpus < 0:
         p.error(f"--gpus {args.gpus}: expected 0 (leave CUDA_VISIBLE_DEVICES) or the number of GPUs")
-    if args.gpus:
-        import torch
-
-        if torch.cuda.device_count() < args.gpus:
-            p.error(f"--gpus {args.gpus}: this machine shows {torch.cuda.device_count()} CUDA device(s)")
+    if args.gpus and torch.cuda.device_count() < args.gpus:
+        p.error(f"--gpus {args.gpus}: this machine shows {torch.cuda.device_count()} CUDA device(s)")
     if len({arm_name(s) for s in args.sparsity}) != len(args.sparsity):
         p.error(f"--sparsity {args.sparsity}: two arms with the same folder name")
     for s in args.sparsity:  # bench.train's own checks, before any process starts
