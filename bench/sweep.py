@@ -131,31 +131,48 @@ def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll
     queue = [j for j in jobs if not j.finished]
     running: list[tuple[Job, subprocess.Popen, int]] = []
     busy = [0] * gpus
-    while queue or running:
-        while queue and len(running) < parallel and deadline - time.monotonic() >= min_seconds:
-            job = queue.pop(0)
-            job.folder.mkdir(parents=True, exist_ok=True)
-            gpu, env = -1, None
-            if gpus:
-                gpu = least_busy(busy)
-                env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(gpu)}
-            with open(job.folder / "train.log", "a") as log:
-                cmd = job.command(deadline - time.monotonic())
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            if gpus:
-                busy[gpu] += 1
-            running.append((job, proc, gpu))
-            print(f"started {job.folder.name}" + (f" on GPU {gpu}" if gpus else ""), flush=True)
-        if not running:
-            break
-        time.sleep(poll)
-        for job, proc, gpu in list(running):
-            if proc.poll() is not None:
-                job.rc = proc.returncode
-                running.remove((job, proc, gpu))
+    try:
+        while queue or running:
+            while queue and len(running) < parallel and deadline - time.monotonic() >= min_seconds:
+                job = queue.pop(0)
+                job.folder.mkdir(parents=True, exist_ok=True)
+                gpu, env = -1, None
                 if gpus:
-                    busy[gpu] -= 1
-                print(f"ended {job.folder.name}: {job.state()}", flush=True)
+                    gpu = least_busy(busy)
+                    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(gpu)}
+                with open(job.folder / "train.log", "a") as log:
+                    cmd = job.command(deadline - time.monotonic())
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                if gpus:
+                    busy[gpu] += 1
+                running.append((job, proc, gpu))
+                print(f"started {job.folder.name}" + (f" on GPU {gpu}" if gpus else ""), flush=True)
+            if not running:
+                break
+            time.sleep(poll)
+            for job, proc, gpu in list(running):
+                if proc.poll() is not None:
+                    job.rc = proc.returncode
+                    running.remove((job, proc, gpu))
+                    if gpus:
+                        busy[gpu] -= 1
+                    print(f"ended {job.folder.name}: {job.state()}", flush=True)
+    except BaseException:  # an error or ^C: stop the processes started, not leave them running unwatched
+        stop([proc for _, proc, _ in running])
+        raise
+
+
+def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """Terminate ``procs``, then kill those still running ``grace`` seconds later."""
+    for proc in procs:
+        proc.terminate()
+    end = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(end - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

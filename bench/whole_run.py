@@ -2,15 +2,19 @@
 
 From bench.train log.csv files (a dense run, and a sparse recipe at one or more step budgets with
 its schedule stretched to each: the same warm-up, sparse and tail fractions):
-- wall time of each run: sum over its logged intervals of (steps in the interval) x (tokens per
-  step) / tokens_per_s; the first, compiling steps are not timed (bench.train's untimed steps);
+- wall time of each run, steady state: its steps x tokens per step / its summary.txt's "tokens/s,
+  whole run" (bench.train's timed steps: the compiling first steps of each process and of each phase
+  switch left out, a one-time cost that does not grow with the run). Beside it, with those compiles:
+  the sum over the logged intervals of (steps in the interval) x (tokens per step) / tokens_per_s,
+  also the wall time where a run has no summary;
 - target: the dense runs' mean final validation loss; with --paired, each recipe's own dense run's
   (the i-th --recipe against the i-th --dense: one seed each);
 - iso-quality speedup = dense wall time / the recipe's wall time to reach the target: the budget
   at which the recipe's final loss equals the target, linear (in steps and in wall time) between
   the two budgets, in steps, that bracket it. Wall times are a speed figure only for runs that had
-  the GPU alone (bench.sweep --parallel 1); k, the steps ratio, holds either way. A recipe whose
-  every budget ends above the target has none ("not reached", with the gap of its largest budget);
+  the GPU alone (bench.sweep --parallel 1, or one run per GPU); k, the steps ratio, holds either way.
+  A recipe whose every budget ends above the target has none ("not reached", with the gap of its
+  largest budget and, as an upper bound, the dense wall time over that budget's);
   one whose smallest budget already ends below it gets that budget's ratio as a lower bound (">=");
 - projection to larger models (labelled as one): with a fraction f of the steps sparse, a sparse
   step s times as fast as a dense one (bench.e2e at that size) and k = the recipe's steps to the
@@ -38,9 +42,10 @@ from sparse_compile import PhaseSchedule
 @dataclass(frozen=True)
 class Run:
     steps: int
-    wall_s: float  # timed steps only
+    wall_s: float  # steady state (module docstring); the interval sum where the run has no summary
     final_val: float
     sparse_frac: float  # fraction of the steps that ran sparse
+    wall_with_compiles_s: float | None = None  # the logged intervals' sum, compiles included
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -63,10 +68,25 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     finals = [r for r in rows if r["val_loss"] not in ("", "nan")]
     if not finals or int(finals[-1]["step"]) != previous:
         raise ValueError(f"{path}: run {name!r} has no final validation loss (unfinished?)")
+    summary = Path(path).with_name("summary.txt")
     if name == "sparse":
-        scheduled = scheduled_sparse_steps(Path(path).with_name("summary.txt"), previous)
+        scheduled = scheduled_sparse_steps(summary, previous)
         sparse = sparse if scheduled is None else scheduled
-    return Run(previous, wall, float(finals[-1]["val_loss"]), sparse / previous)
+    rate = steady_tokens_per_s(summary, name)
+    steady = wall if rate is None else previous * tokens_per_step / rate
+    return Run(previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall)
+
+
+def steady_tokens_per_s(summary: Path, run: str) -> float | None:
+    """The "tokens/s, whole run" of ``run``'s column in bench.train's summary.txt (timed steps only);
+    None where there is no summary or no such row or column."""
+    lines = summary.read_text().splitlines() if summary.is_file() else []
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    header = rows[0] if rows else []
+    for cells in rows:
+        if cells[0] == "tokens/s, whole run" and run in header and len(cells) == len(header):
+            return float(cells[header.index(run)].replace(",", ""))
+    return None
 
 
 _STEPS = re.compile(r"^model \S+ \([^)]*\), (\d+) steps x ", re.M)
@@ -97,6 +117,7 @@ class IsoQuality:
     steps_ratio: float | None  # recipe steps at the target / dense steps (k)
     gap: float  # the largest budget's final loss vs the target, relative (> 0: above)
     slope: float | None = None  # fall of the final loss / target per 1% more steps (module docstring)
+    upper: float | None = None  # not reached: dense wall / the largest budget's wall, above the speedup
 
 
 def _slope(a: Run, b: Run, target: float) -> float:
@@ -120,7 +141,8 @@ def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: lis
             wall = a.wall_s + w * (b.wall_s - a.wall_s)
             steps = a.steps + w * (b.steps - a.steps)
             return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap, _slope(a, b, target))
-    return IsoQuality(None, "", None, gap, _slope(runs[-2], runs[-1], target) if len(runs) > 1 else None)
+    slope = _slope(runs[-2], runs[-1], target) if len(runs) > 1 else None
+    return IsoQuality(None, "", None, gap, slope, dense_wall / runs[-1].wall_s)
 
 
 def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: float = 1.0) -> float:
@@ -136,6 +158,15 @@ def _k_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
     if iso.steps_ratio is None:
         return f">{max(b.steps for b in budgets) / dense_steps:.3f}"
     return f"{'<=' if iso.bound == '>=' else '='}{iso.steps_ratio:.3f}"
+
+
+def _with_compiles(dense: Run | list[Run], run: Run) -> str:
+    """Dense wall over ``run``'s, both with their compiles (the logged intervals' sums)."""
+    runs = dense if isinstance(dense, list) else [dense]
+    walls = [r.wall_with_compiles_s for r in (*runs, run)]
+    if any(w is None for w in walls):
+        return "-"
+    return f"{sum(walls[:-1]) / len(runs) / walls[-1]:.3f}x"
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -181,10 +212,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
+            "the same with compiles": _with_compiles(base if args.paired else dense, same[0]) if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
-            "iso-quality speedup (wall time: runs alone only)": "not reached"
+            "iso-quality speedup (wall time: runs alone only)": f"not reached (<{iso.upper:.3f}x)"
             if iso.speedup is None
             else f"{iso.bound}{iso.speedup:.3f}x",
         }

@@ -635,6 +635,40 @@ def test_sweep_spreads_processes_over_gpus(tmp_path, monkeypatch, capsys):
         assert "--gpus 2: this machine shows" in capsys.readouterr().err
 
 
+def test_sweep_stops_its_processes_when_it_fails(tmp_path, monkeypatch):
+    """A process that cannot start (OSError), or ^C while the sweep waits: the processes already
+    started are terminated before the error goes on, not left running."""
+    import bench.sweep as sweep
+
+    real_popen, started = subprocess.Popen, []
+
+    def popen(cmd, **kw):
+        if started:
+            raise OSError("no more processes")
+        started.append(real_popen([sys.executable, "-c", "import time; time.sleep(60)"], **kw))
+        return started[-1]
+
+    monkeypatch.setattr(sweep.subprocess, "Popen", popen)
+    try:
+        jobs = [sweep.Job("a", s, tmp_path / f"a_s{s}", []) for s in (0, 1)]
+        with pytest.raises(OSError, match="no more processes"):
+            sweep.run(jobs, parallel=2, seconds=60, min_seconds=0, poll=0)
+        assert started[0].poll() is not None
+        jobs, started[:] = [sweep.Job("b", 0, tmp_path / "b_s0", [])], []
+
+        def interrupt(seconds):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(sweep.time, "sleep", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(jobs, parallel=2, seconds=60, min_seconds=0, poll=0)
+        assert started[0].poll() is not None
+    finally:  # without the sweep's own clean-up, not a minute of sleeping children after the test
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
 def test_op_host_time_rounds_move_every_row():
     from bench.op_host_time import round_orders
 

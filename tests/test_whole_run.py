@@ -93,6 +93,10 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     never = main(["--dense", d, "--recipe", f"r={s1}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert never[0]["steps to the target (k)"] == ">1.000"
     assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
+    # not reached: more steps than the largest budget's, so at most dense wall / that budget's wall
+    dense_wall, s1_wall = 100 * 1000 / 1000, 10 * 1000 / 1000 + 80 * 1000 / 2000 + 10 * 1000 / 1000
+    assert never[0]["iso-quality speedup (wall time: runs alone only)"] == f"not reached (<{dense_wall / s1_wall:.3f}x)"
+    assert never[0]["the same with compiles"] == f"{dense_wall / s1_wall:.3f}x"  # no summaries: the same walls
     with pytest.raises(SystemExit, match="'r' is given twice"):
         main(["--dense", d, "--recipe", f"r={s1}", f"r={s2}"])
 
@@ -143,3 +147,33 @@ def test_paired_compares_each_recipe_with_its_own_dense_run(tmp_path, capsys):
     assert [r["steps to the target (k)"] for r in mean] == ["=1.220", "=1.220"]
     with pytest.raises(SystemExit, match="1 recipe"):
         main(["--dense", d0, d1, "--recipe", f"s0={recipe}", "--paired"])
+
+
+def test_wall_time_is_the_summarys_steady_state_with_the_compiles_beside_it(tmp_path, capsys):
+    """A summary's "tokens/s, whole run" leaves out the compiling steps; the logged intervals hold them:
+    here the dense run's first interval compiled (500 tokens/s, not 1000), the sparse one's switch too."""
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "summary.txt").write_text(
+        "model x, 100 steps x 10x100 tokens\n\n|     | dense   |\n|-----|---------|\n"
+        "| final val loss | 2.0000 |\n| tokens/s, whole run | 1,000 |\n"
+    )
+    d = _log(dense / "log.csv", {"dense": [(50, "dense", 500, ""), (100, "dense", 1000, 2.0)]})
+    sparse = tmp_path / "sparse"
+    sparse.mkdir()
+    (sparse / "summary.txt").write_text(
+        "model x, 100 steps x 10x100 tokens\nsparse: SparsityConfig(...); schedule: dense steps [0, 10), "
+        "sparse [10, 90), dense after\n\n|   | sparse |\n|---|---|\n| tokens/s, whole run | 1,600 |\n"
+    )
+    rows = [(10, "dense", 1000, ""), (90, "sparse", 1000, ""), (100, "dense", 1000, 2.1)]
+    s = _log(sparse / "log.csv", {"sparse": rows})
+    run = read_run(d, tokens_per_step=1000)
+    assert run.wall_s == pytest.approx(100 * 1000 / 1000) and run.wall_with_compiles_s == pytest.approx(50 * 2 + 50)
+    sparse_run = read_run(s, tokens_per_step=1000)
+    assert sparse_run.wall_s == pytest.approx(100 * 1000 / 1600)
+    assert sparse_run.wall_with_compiles_s == pytest.approx(100)
+    row = main(["--dense", d, "--recipe", f"r={s}", "--tokens-per-step", "1000"])[0]
+    assert row["wall vs dense, same steps"] == f"{100 / 62.5:.3f}x"
+    assert row["the same with compiles"] == f"{150 / 100:.3f}x"
+    with pytest.raises(ValueError, match="no rows of run 'sparse'"):
+        read_run(d, "sparse")
