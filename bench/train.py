@@ -112,6 +112,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="learning-rate warm-up: linear from 0 over this fraction of the steps, then cosine to 0.1 x peak "
         "(default 0.5, under which the dense seeds end lower and closer together than with a short warm-up)",
     )
+    p.add_argument(
+        "--lr-schedule",
+        choices=("cosine", "wsd"),
+        default="cosine",
+        help="after the warm-up: cosine to 0.1 x peak over the rest of the run, or wsd (warm-up, stable, decay): "
+        "the peak until the last --lr-decay-frac of the steps, then linear to 0.1 x peak",
+    )
+    p.add_argument(
+        "--lr-decay-frac",
+        type=_fraction,
+        default=0.1,
+        help="with --lr-schedule wsd: the last fraction of the steps over which the learning rate decays (default 0.1)",
+    )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
     p.add_argument("--warmup-frac", type=_fraction, default=WARMUP_FRAC, help="dense warm-up: first fraction of steps")
     p.add_argument(
@@ -237,6 +250,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"{flags} {args.dense_every}: {e}")
     if not args.lr > 0:
         p.error(f"--lr {args.lr}: expected > 0")
+    if args.lr_schedule == "wsd" and not (args.lr_decay_frac > 0 and args.lr_warmup_frac + args.lr_decay_frac <= 1):
+        p.error(f"--lr-decay-frac {args.lr_decay_frac} with --lr-warmup-frac {args.lr_warmup_frac}: expected a decay "
+                "> 0 that fits after the warm-up (the two summing to <= 1)")  # fmt: skip
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if not runs or any(r not in ("dense", "sparse") for r in runs):
         p.error(f"--runs {args.runs!r}: expected a comma-separated subset of dense,sparse")
@@ -394,12 +410,29 @@ def _lr_warmup_steps(args: argparse.Namespace) -> int:
     return max(1, int(args.steps * args.lr_warmup_frac + 1e-9))  # 2400 x 0.05 = 120 steps
 
 
+def _lr_decay_steps(args: argparse.Namespace) -> int:
+    """wsd: the steps of the decay, at the end of the run (at least one)."""
+    return max(1, int(args.steps * args.lr_decay_frac + 1e-9))
+
+
 def _lr(step: int, args: argparse.Namespace) -> float:
     warm = _lr_warmup_steps(args)
     if step < warm:
         return args.lr * (step + 1) / warm
+    if args.lr_schedule == "wsd":  # the peak, then the last D steps linear from it to 0.1 x peak
+        decay = _lr_decay_steps(args)
+        into = step - (args.steps - decay)
+        return args.lr if into < 0 else args.lr * (1.0 - 0.9 * (into + 1) / decay)
     progress = (step - warm) / max(1, args.steps - warm)
     return args.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _lr_text(args: argparse.Namespace) -> str:
+    """The schedule as the summary names it."""
+    head = f"peak lr {args.lr:g}, warm-up {_lr_warmup_steps(args)} steps, "
+    if args.lr_schedule == "wsd":
+        return head + f"the peak, then the last {_lr_decay_steps(args)} steps linear to 0.1x (wsd)"
+    return head + "cosine to 0.1x"
 
 
 def _optimizer(model: GPT, args: argparse.Namespace) -> torch.optim.Optimizer:
@@ -410,7 +443,8 @@ VAL_SEED = 2  # the validation windows' seed (fixed: --seed sets the weights and
 CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "lr_warmup_frac", "weight_decay", "warmup_frac", "final_dense_frac",
     "sparsity", "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed",
-    "compile_mode", "device", "corpus", "recluster_every", "deterministic", "dense_every",
+    "compile_mode", "device", "corpus", "recluster_every", "deterministic", "dense_every", "lr_schedule",
+    "lr_decay_frac",
 )  # fmt: skip
 
 
@@ -682,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batch_size}x{args.seq_len} tokens"
         + (f" per rank x {d.world} ranks ({d.mode})" if d.world > 1 else "")
         + (f", FSDP2 {args.fsdp.describe(args.device)}" if d.mode == "fsdp" else "")
-        + f"; peak lr {args.lr:g}, warm-up {_lr_warmup_steps(args)} steps, cosine to 0.1x"
+        + f"; {_lr_text(args)}"
         + f"; corpus {corpus.n_files} files of {corpus.source} "
         f"({len(corpus.train) / 1e6:.1f} MB train, {len(corpus.val) / 1e6:.1f} MB val)\n"
         f"sparse: {args.config}; schedule: dense steps [0, {schedule.dense_warmup_steps}), sparse "

@@ -198,6 +198,26 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_a_tenth(frac, 
     assert (defaults.lr_warmup_frac, defaults.warmup_frac, defaults.final_dense_frac) == (0.5, 0.1, 0.65)
 
 
+def test_wsd_learning_rate_holds_the_peak_then_decays_linearly_to_a_tenth(capsys):
+    """wsd over 100 steps, warm-up 0.2, decay 0.1: lr = peak (step + 1) / 20 below step 20, the peak up to
+    step 89, then peak (1 - 0.9 (step - 89) / 10) over steps 90-99, ending at 0.1 x peak."""
+    from bench.train import _lr, _lr_text, parse_args
+
+    argv = ["--device", "cpu", "--steps", "100", "--lr", "0.002", "--lr-warmup-frac", "0.2", "--lr-schedule", "wsd"]
+    args = parse_args(argv)
+    want = {0: 0.002 / 20, 19: 0.002, 20: 0.002, 89: 0.002, 90: 0.002 * 0.91, 94: 0.002 * 0.55, 99: 0.0002}
+    for step, lr in want.items():
+        assert _lr(step, args) == pytest.approx(lr, rel=1e-12), step
+    assert "the last 10 steps linear to 0.1x (wsd)" in _lr_text(args)
+    assert _lr(50, parse_args([*argv, "--lr-decay-frac", "0.5"])) == pytest.approx(0.002 * (1 - 0.9 * 1 / 50))
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--lr-decay-frac", "0.9"])  # 0.2 + 0.9 > 1: no room after the warm-up
+    assert "fits after the warm-up" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--lr-decay-frac", "0"])
+    assert parse_args(["--device", "cpu"]).lr_schedule == "cosine"
+
+
 def test_bad_argument_exits_non_zero_from_the_command_line():
     done = subprocess.run(
         [sys.executable, "-m", "bench.train", "--steps", "0"], capture_output=True, text=True, timeout=120
