@@ -66,14 +66,17 @@ def save(out: Path, ckpt: Checkpoint) -> None:
     tmp.replace(out / FILE)
 
 
-def load(folder: str | Path, args: dict[str, Any]) -> Checkpoint:
+def load(folder: str | Path, args: dict[str, Any], absent: dict[str, Any] | None = None) -> Checkpoint:
     """The checkpoint in ``folder``; raises ValueError if it is missing or was written with other
-    training arguments (``args``: name -> value, e.g. steps, seed, size, sparsity)."""
+    training arguments (``args``: name -> value, e.g. steps, seed, size, sparsity). ``absent``: the
+    value of an argument that a checkpoint does not hold (one written before the argument existed)."""
     path = Path(folder) / FILE
     if not path.is_file():
         raise ValueError(f"--resume {folder}: no {FILE} there (write one with --save-every or --stop-at)")
     ckpt = torch.load(path, weights_only=False)
-    changed = {k: (ckpt.args.get(k), v) for k, v in args.items() if ckpt.args.get(k) != v}
+    absent = absent or {}
+    saved = {k: ckpt.args.get(k, absent.get(k)) for k in args}
+    changed = {k: (saved[k], v) for k, v in args.items() if saved[k] != v}
     if changed:
         raise ValueError(f"--resume {folder}: the checkpoint was written with other arguments (saved, now): {changed}")
     return ckpt

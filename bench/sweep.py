@@ -143,9 +143,9 @@ def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll
                 with open(job.folder / "train.log", "a") as log:
                     cmd = job.command(deadline - time.monotonic())
                     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                    running.append((job, proc, gpu))  # at once: an exception from here on stops it too
                 if gpus:
                     busy[gpu] += 1
-                running.append((job, proc, gpu))
                 print(f"started {job.folder.name}" + (f" on GPU {gpu}" if gpus else ""), flush=True)
             if not running:
                 break
@@ -163,16 +163,22 @@ def run(jobs: list[Job], parallel: int, seconds: float, min_seconds: float, poll
 
 
 def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    """Terminate ``procs``, then kill those still running ``grace`` seconds later."""
+    """Terminate ``procs``, then kill those still running ``grace`` seconds later (at once if the
+    wait itself is interrupted, by a second ^C)."""
     for proc in procs:
         proc.terminate()
     end = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(end - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    try:
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(end - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--lr-warmup-frac",
         type=_fraction,
         default=0.5,
-        help="learning-rate warm-up: linear from 0 over this fraction of the steps, then cosine to 0.1 x peak "
+        help="learning-rate warm-up: linear from 0 over this fraction of the steps, then --lr-schedule "
         "(default 0.5, under which the dense seeds end lower and closer together than with a short warm-up)",
     )
     p.add_argument(
@@ -446,6 +446,7 @@ CHECKED_ARGS = (
     "compile_mode", "device", "corpus", "recluster_every", "deterministic", "dense_every", "lr_schedule",
     "lr_decay_frac",
 )  # fmt: skip
+CHECKED_SINCE = {"lr_schedule": "cosine", "lr_decay_frac": None}  # arguments added later: an older checkpoint ran these
 
 
 def train_one(
@@ -730,8 +731,14 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = None
     if args.save_every or args.stop_at or args.time_limit or args.resume:
         checked = {k: getattr(args, k) for k in CHECKED_ARGS}
+        if args.lr_schedule != "wsd":
+            checked["lr_decay_frac"] = None  # no effect under cosine
         try:
-            ckpt = checkpoint.load(args.resume, checked) if args.resume else checkpoint.Checkpoint(args=checked)
+            ckpt = (
+                checkpoint.load(args.resume, checked, CHECKED_SINCE)
+                if args.resume
+                else checkpoint.Checkpoint(args=checked)
+            )
         except ValueError as e:
             print(f"python -m bench.train: error: {e}", file=sys.stderr)
             return 2

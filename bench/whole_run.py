@@ -4,9 +4,9 @@ From bench.train log.csv files (a dense run, and a sparse recipe at one or more 
 its schedule stretched to each: the same warm-up, sparse and tail fractions):
 - wall time of each run, steady state: its steps x tokens per step / its summary.txt's "tokens/s,
   whole run" (bench.train's timed steps: the compiling first steps of each process and of each phase
-  switch left out, a one-time cost that does not grow with the run). Beside it, with those compiles:
-  the sum over the logged intervals of (steps in the interval) x (tokens per step) / tokens_per_s,
-  also the wall time where a run has no summary;
+  switch left out, a cost per process and per switch, not per step; a resumed run compiles again).
+  Beside it, with those compiles: the sum over the logged intervals of (steps in the interval) x
+  (tokens per step) / tokens_per_s. Where a run has no summary, every run's wall time is that sum;
 - target: the dense runs' mean final validation loss; with --paired, each recipe's own dense run's
   (the i-th --recipe against the i-th --dense: one seed each);
 - iso-quality speedup = dense wall time / the recipe's wall time to reach the target: the budget
@@ -30,6 +30,8 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
 
 import argparse
 import csv
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ class Run:
     final_val: float
     sparse_frac: float  # fraction of the steps that ran sparse
     wall_with_compiles_s: float | None = None  # the logged intervals' sum, compiles included
+    steady: bool = False  # wall_s from the summary's timed tokens/s
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -72,25 +75,47 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     if name == "sparse":
         scheduled = scheduled_sparse_steps(summary, previous)
         sparse = sparse if scheduled is None else scheduled
-    rate = steady_tokens_per_s(summary, name)
+    rate = steady_tokens_per_s(summary, name, previous)
     steady = wall if rate is None else previous * tokens_per_step / rate
-    return Run(previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall)
-
-
-def steady_tokens_per_s(summary: Path, run: str) -> float | None:
-    """The "tokens/s, whole run" of ``run``'s column in bench.train's summary.txt (timed steps only);
-    None where there is no summary or no such row or column."""
-    lines = summary.read_text().splitlines() if summary.is_file() else []
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
-    header = rows[0] if rows else []
-    for cells in rows:
-        if cells[0] == "tokens/s, whole run" and run in header and len(cells) == len(header):
-            return float(cells[header.index(run)].replace(",", ""))
-    return None
+    return Run(previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None)
 
 
 _STEPS = re.compile(r"^model \S+ \([^)]*\), (\d+) steps x ", re.M)
 _SCHEDULE = re.compile(r"schedule: dense steps \[0, (\d+)\), sparse \[\d+, (\d+)\)(?: with one step in (\d+) dense)?")
+
+
+def summary_text(summary: Path, steps: int) -> str:
+    """bench.train's summary.txt of a run of ``steps`` steps ("" where there is none); a summary of
+    another step count (a stale one, left from another run) raises ValueError."""
+    text = summary.read_text() if summary.is_file() else ""
+    header = _STEPS.search(text)
+    if header is not None and int(header.group(1)) != steps:
+        raise ValueError(f"{summary}: a run of {header.group(1)} steps, its log {steps}: not this log's summary")
+    return text
+
+
+def steady_tokens_per_s(summary: Path, run: str, steps: int) -> float | None:
+    """The "tokens/s, whole run" of ``run``'s column in bench.train's summary.txt (timed steps only);
+    None where there is no summary, no such row or column, or no finite value. A summary of another
+    step count than ``steps`` (a stale one) raises ValueError."""
+    lines = summary_text(summary, steps).splitlines()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    names = rows[0] if rows else []
+    for cells in rows:
+        if cells[0] == "tokens/s, whole run" and run in names and len(cells) == len(names):
+            rate = float(cells[names.index(run)].replace(",", ""))
+            return rate if math.isfinite(rate) and rate > 0 else None
+    return None
+
+
+def with_compiles(runs: list[Run]) -> list[Run]:
+    """``runs`` with their compile-inclusive wall times, where not all have a steady one: one kind
+    of wall time in every ratio."""
+    if all(r.steady for r in runs):
+        return runs
+    return [dataclasses.replace(r, wall_s=r.wall_with_compiles_s, steady=False) for r in runs]
+
+
 
 
 def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:
@@ -98,13 +123,9 @@ def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:
     log (the log's phase is per logged interval, so an interval that holds a phase boundary counts
     whole); None where there is no summary or no schedule line in it. A summary of another step count
     than the log's (a stale one) raises ValueError."""
-    text = summary.read_text() if summary.is_file() else ""
-    match = _SCHEDULE.search(text)
+    match = _SCHEDULE.search(summary_text(summary, steps))
     if match is None:
         return None
-    header = _STEPS.search(text)
-    if header is not None and int(header.group(1)) != steps:
-        raise ValueError(f"{summary}: a run of {header.group(1)} steps, its log {steps}: not this log's summary")
     warmup, dense_from, every = (int(g) if g else 0 for g in match.groups())
     schedule = PhaseSchedule(warmup, dense_from, every)
     return sum(schedule.phase_at(step) == "sparse" for step in range(steps))
@@ -193,15 +214,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )  # fmt: skip
     args = p.parse_args(argv)
     dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
-    target = sum(r.final_val for r in dense) / len(dense)
-    dense_wall = sum(r.wall_s for r in dense) / len(dense)
     speedups = {k: float(v) for k, v in _pairs(args.step_speedup, "--step-speedup").items()}
     recipes = _pairs(args.recipe, "--recipe")
     if args.paired and len(recipes) != len(dense):
         raise SystemExit(f"--paired: {len(recipes)} recipe(s) for {len(dense)} dense run(s); give one per dense run")
+    sizes = [len(files.split(",")) for files in recipes.values()]
+    runs = with_compiles(
+        dense + [read_run(f, "sparse", args.tokens_per_step) for files in recipes.values() for f in files.split(",")]
+    )
+    if not runs[0].steady:
+        print("wall times with compiles: not every run has a bench.train summary.txt beside its log")
+    dense, budget_runs = runs[: len(dense)], runs[len(dense) :]
+    target = sum(r.final_val for r in dense) / len(dense)
+    dense_wall = sum(r.wall_s for r in dense) / len(dense)
     rows = []
-    for i, (name, files) in enumerate(recipes.items()):
-        budgets = [read_run(f, "sparse", args.tokens_per_step) for f in files.split(",")]
+    for i, name in enumerate(recipes):
+        budgets = budget_runs[sum(sizes[:i]) : sum(sizes[: i + 1])]
         base = dense[i] if args.paired else dense[0]  # its steps: the k = 1 budget
         if args.paired:
             target, dense_wall = base.final_val, base.wall_s

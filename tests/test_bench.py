@@ -6,7 +6,9 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -399,6 +401,30 @@ def test_resume_refuses_other_arguments(tmp_path):
     assert main([*common, "--steps", "4", "--runs", "dense", "--resume", str(tmp_path / "missing")]) == 2
 
 
+def test_resume_of_a_checkpoint_older_than_an_argument_takes_what_it_ran(tmp_path):
+    """A checkpoint written before --lr-schedule existed ran cosine: it resumes under cosine (with any
+    --lr-decay-frac, which cosine ignores) and is refused under wsd."""
+    from bench import checkpoint
+    from bench.train import CHECKED_ARGS, CHECKED_SINCE, main, parse_args
+
+    common = ["--batch-size", "2", "--seq-len", "64", "--no-progress", "--data-dir", str(tmp_path / "data")]
+    out = tmp_path / "old"
+    assert main([*common, "--steps", "4", "--runs", "dense", "--out", str(out), "--stop-at", "2"]) == 0
+    ckpt = checkpoint.load(out, {})
+    for key in CHECKED_SINCE:  # as an older bench.train wrote it
+        del ckpt.args[key]
+    checkpoint.save(out, ckpt)
+    args = parse_args([*common, "--steps", "4", "--runs", "dense"])
+    checked = {k: getattr(args, k) for k in CHECKED_ARGS} | {"lr_decay_frac": None}
+    assert checkpoint.load(out, checked, CHECKED_SINCE).args == ckpt.args
+    with pytest.raises(ValueError, match="lr_schedule"):
+        checkpoint.load(out, checked | {"lr_schedule": "wsd"}, CHECKED_SINCE)
+    with pytest.raises(ValueError, match="lr_schedule"):
+        checkpoint.load(out, checked)  # without the defaults, a missing argument reads as changed
+    assert main([*common, "--steps", "4", "--runs", "dense", "--lr-schedule", "wsd", "--resume", str(out)]) == 2
+    assert main([*common, "--steps", "4", "--runs", "dense", "--lr-decay-frac", "0.3", "--resume", str(out)]) == 0
+
+
 def _tree(root, files: dict) -> None:
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -679,12 +705,40 @@ def test_sweep_stops_its_processes_when_it_fails(tmp_path, monkeypatch):
         def interrupt(seconds):
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(sweep.time, "sleep", interrupt)
+        # the sweep's own clock only: subprocess's waits sleep through the time module too
+        monkeypatch.setattr(sweep, "time", SimpleNamespace(monotonic=time.monotonic, sleep=interrupt))
         with pytest.raises(KeyboardInterrupt):
             sweep.run(jobs, parallel=2, seconds=60, min_seconds=0, poll=0)
         assert started[0].poll() is not None
     finally:  # without the sweep's own clean-up, not a minute of sleeping children after the test
         for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_sweep_stop_kills_what_terminate_does_not_end_and_a_second_interrupt_too():
+    from bench.sweep import stop
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    deaf = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        for proc in deaf:
+            proc.stdout.readline()  # its SIGTERM handler is set
+        stop(deaf[:1], grace=0.2)
+        assert deaf[0].poll() is not None and deaf[1].poll() is None
+        real_wait = deaf[1].wait
+
+        def interrupted(timeout=None):
+            if timeout is not None:
+                raise KeyboardInterrupt
+            return real_wait()
+
+        deaf[1].wait = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            stop(deaf[1:], grace=30)
+        assert deaf[1].poll() is not None  # killed at once, not after the grace
+    finally:
+        for proc in deaf:
             proc.kill()
             proc.wait()
 

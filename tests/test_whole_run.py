@@ -155,14 +155,14 @@ def test_wall_time_is_the_summarys_steady_state_with_the_compiles_beside_it(tmp_
     dense = tmp_path / "dense"
     dense.mkdir()
     (dense / "summary.txt").write_text(
-        "model x, 100 steps x 10x100 tokens\n\n|     | dense   |\n|-----|---------|\n"
+        "model x (1M params), 100 steps x 10x100 tokens\n\n|     | dense   |\n|-----|---------|\n"
         "| final val loss | 2.0000 |\n| tokens/s, whole run | 1,000 |\n"
     )
     d = _log(dense / "log.csv", {"dense": [(50, "dense", 500, ""), (100, "dense", 1000, 2.0)]})
     sparse = tmp_path / "sparse"
     sparse.mkdir()
     (sparse / "summary.txt").write_text(
-        "model x, 100 steps x 10x100 tokens\nsparse: SparsityConfig(...); schedule: dense steps [0, 10), "
+        "model x (1M params), 100 steps x 10x100 tokens\nsparse: SparsityConfig(...); schedule: dense steps [0, 10), "
         "sparse [10, 90), dense after\n\n|   | sparse |\n|---|---|\n| tokens/s, whole run | 1,600 |\n"
     )
     rows = [(10, "dense", 1000, ""), (90, "sparse", 1000, ""), (100, "dense", 1000, 2.1)]
@@ -177,3 +177,14 @@ def test_wall_time_is_the_summarys_steady_state_with_the_compiles_beside_it(tmp_
     assert row["the same with compiles"] == f"{150 / 100:.3f}x"
     with pytest.raises(ValueError, match="no rows of run 'sparse'"):
         read_run(d, "sparse")
+    # a run without a summary: every ratio takes the walls with compiles, and says so
+    bare = _log(tmp_path / "bare.csv", {"sparse": rows})
+    row = main(["--dense", d, "--recipe", f"r={bare}", "--tokens-per-step", "1000"])[0]
+    assert row["wall vs dense, same steps"] == f"{150 / 100:.3f}x"
+    assert "wall times with compiles" in capsys.readouterr().out
+    # a summary of another run length beside a log (left from another run) is refused, dense or sparse
+    (dense / "summary.txt").write_text((dense / "summary.txt").read_text().replace("100 steps", "200 steps"))
+    with pytest.raises(ValueError, match="a run of 200 steps, its log 100"):
+        read_run(d)
+    (sparse / "summary.txt").write_text((sparse / "summary.txt").read_text().replace("1,600", "nan"))
+    assert not read_run(s).steady  # no finite rate: the logged intervals' sum
