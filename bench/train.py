@@ -446,7 +446,7 @@ CHECKED_ARGS = (
     "compile_mode", "device", "corpus", "recluster_every", "deterministic", "dense_every", "lr_schedule",
     "lr_decay_frac",
 )  # fmt: skip
-CHECKED_SINCE = {"lr_schedule": "cosine", "lr_decay_frac": None}  # arguments added later: an older checkpoint ran these
+CHECKED_SINCE = {"lr_schedule": "cosine", "lr_decay_frac": 0.1}  # what a checkpoint without the argument ran with
 
 
 def train_one(
@@ -731,8 +731,6 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = None
     if args.save_every or args.stop_at or args.time_limit or args.resume:
         checked = {k: getattr(args, k) for k in CHECKED_ARGS}
-        if args.lr_schedule != "wsd":
-            checked["lr_decay_frac"] = None  # no effect under cosine
         try:
             ckpt = (
                 checkpoint.load(args.resume, checked, CHECKED_SINCE)

@@ -44,7 +44,7 @@ from sparse_compile import PhaseSchedule
 @dataclass(frozen=True)
 class Run:
     steps: int
-    wall_s: float  # steady state (module docstring); the interval sum where the run has no summary
+    wall_s: float  # steady state (module docstring); the interval sum where a run of the call has no summary
     final_val: float
     sparse_frac: float  # fraction of the steps that ran sparse
     wall_with_compiles_s: float | None = None  # the logged intervals' sum, compiles included
@@ -114,8 +114,6 @@ def with_compiles(runs: list[Run]) -> list[Run]:
     if all(r.steady for r in runs):
         return runs
     return [dataclasses.replace(r, wall_s=r.wall_with_compiles_s, steady=False) for r in runs]
-
-
 
 
 def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:

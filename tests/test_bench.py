@@ -402,8 +402,8 @@ def test_resume_refuses_other_arguments(tmp_path):
 
 
 def test_resume_of_a_checkpoint_older_than_an_argument_takes_what_it_ran(tmp_path):
-    """A checkpoint written before --lr-schedule existed ran cosine: it resumes under cosine (with any
-    --lr-decay-frac, which cosine ignores) and is refused under wsd."""
+    """A checkpoint written before --lr-schedule existed ran cosine (and the default --lr-decay-frac):
+    it resumes under those and is refused under wsd."""
     from bench import checkpoint
     from bench.train import CHECKED_ARGS, CHECKED_SINCE, main, parse_args
 
@@ -415,14 +415,14 @@ def test_resume_of_a_checkpoint_older_than_an_argument_takes_what_it_ran(tmp_pat
         del ckpt.args[key]
     checkpoint.save(out, ckpt)
     args = parse_args([*common, "--steps", "4", "--runs", "dense"])
-    checked = {k: getattr(args, k) for k in CHECKED_ARGS} | {"lr_decay_frac": None}
+    checked = {k: getattr(args, k) for k in CHECKED_ARGS}
     assert checkpoint.load(out, checked, CHECKED_SINCE).args == ckpt.args
     with pytest.raises(ValueError, match="lr_schedule"):
         checkpoint.load(out, checked | {"lr_schedule": "wsd"}, CHECKED_SINCE)
     with pytest.raises(ValueError, match="lr_schedule"):
         checkpoint.load(out, checked)  # without the defaults, a missing argument reads as changed
     assert main([*common, "--steps", "4", "--runs", "dense", "--lr-schedule", "wsd", "--resume", str(out)]) == 2
-    assert main([*common, "--steps", "4", "--runs", "dense", "--lr-decay-frac", "0.3", "--resume", str(out)]) == 0
+    assert main([*common, "--steps", "4", "--runs", "dense", "--resume", str(out)]) == 0
 
 
 def _tree(root, files: dict) -> None:
@@ -708,6 +708,23 @@ def test_sweep_stops_its_processes_when_it_fails(tmp_path, monkeypatch):
         # the sweep's own clock only: subprocess's waits sleep through the time module too
         monkeypatch.setattr(sweep, "time", SimpleNamespace(monotonic=time.monotonic, sleep=interrupt))
         with pytest.raises(KeyboardInterrupt):
+            sweep.run(jobs, parallel=2, seconds=60, min_seconds=0, poll=0)
+        assert started[0].poll() is not None
+        jobs, started[:] = [sweep.Job("c", 0, tmp_path / "c_s0", [])], []
+
+        class FailingClose:  # the log file fails to close right after the process started
+            def __init__(self, path, mode):
+                self.file = open(path, mode)
+
+            def __enter__(self):
+                return self.file
+
+            def __exit__(self, *exc):
+                self.file.close()
+                raise OSError("disk full")
+
+        monkeypatch.setattr(sweep, "open", FailingClose, raising=False)
+        with pytest.raises(OSError, match="disk full"):
             sweep.run(jobs, parallel=2, seconds=60, min_seconds=0, poll=0)
         assert started[0].poll() is not None
     finally:  # without the sweep's own clean-up, not a minute of sleeping children after the test
