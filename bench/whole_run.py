@@ -179,13 +179,12 @@ def _k_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
     return f"{'<=' if iso.bound == '>=' else '='}{iso.steps_ratio:.3f}"
 
 
-def _with_compiles(dense: Run | list[Run], run: Run) -> str:
-    """Dense wall over ``run``'s, both with their compiles (the logged intervals' sums)."""
-    runs = dense if isinstance(dense, list) else [dense]
-    walls = [r.wall_with_compiles_s for r in (*runs, run)]
+def _with_compiles(dense: list[Run], run: Run) -> str:
+    """The dense runs' mean wall over ``run``'s, both with their compiles (the logged intervals' sums)."""
+    walls = [r.wall_with_compiles_s for r in (*dense, run)]
     if any(w is None for w in walls):
         return "-"
-    return f"{sum(walls[:-1]) / len(runs) / walls[-1]:.3f}x"
+    return f"{sum(walls[:-1]) / len(dense) / walls[-1]:.3f}x"
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -216,18 +215,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     recipes = _pairs(args.recipe, "--recipe")
     if args.paired and len(recipes) != len(dense):
         raise SystemExit(f"--paired: {len(recipes)} recipe(s) for {len(dense)} dense run(s); give one per dense run")
-    sizes = [len(files.split(",")) for files in recipes.values()]
-    runs = with_compiles(
-        dense + [read_run(f, "sparse", args.tokens_per_step) for files in recipes.values() for f in files.split(",")]
-    )
+    groups = [[read_run(f, "sparse", args.tokens_per_step) for f in files.split(",")] for files in recipes.values()]
+    runs = with_compiles(dense + [b for g in groups for b in g])
     if not runs[0].steady:
         print("wall times with compiles: not every run has a bench.train summary.txt beside its log")
-    dense, budget_runs = runs[: len(dense)], runs[len(dense) :]
+    dense, rest = runs[: len(dense)], iter(runs[len(dense) :])
+    groups = [[next(rest) for _ in g] for g in groups]  # the same runs, each wall time of one kind
     target = sum(r.final_val for r in dense) / len(dense)
     dense_wall = sum(r.wall_s for r in dense) / len(dense)
     rows = []
-    for i, name in enumerate(recipes):
-        budgets = budget_runs[sum(sizes[:i]) : sum(sizes[: i + 1])]
+    for i, (name, budgets) in enumerate(zip(recipes, groups, strict=True)):
         base = dense[i] if args.paired else dense[0]  # its steps: the k = 1 budget
         if args.paired:
             target, dense_wall = base.final_val, base.wall_s
@@ -238,7 +235,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
-            "the same with compiles": _with_compiles(base if args.paired else dense, same[0]) if same else "-",
+            "the same with compiles": _with_compiles([base] if args.paired else dense, same[0]) if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
