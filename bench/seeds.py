@@ -109,7 +109,7 @@ def load_against(folder: Path, dense: SeedRun) -> SeedRun:
         raise ValueError(f"{folder}: seed {mine}, paired with the dense run of seed {theirs} ({dense.name!r})")
     final, kept, lead = _final(folder)
     sparse = _require(final, "sparse", folder)
-    name = f"{dense.name.split(' / ')[0]} (csv) / {folder.name}"
+    name = f"{dense.name.split(' / ')[0].removesuffix(' (csv)')} (csv) / {folder.name}"
     return SeedRun(name, dense.dense, sparse, statistics.fmean(kept) if kept else math.nan, lead)
 
 

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PHASES = ("sparse", "dense")
-# The default pattern's recipe: dense for the first 10% and the last 65% of the steps
+# The default recipe: dense for the first 10% and the last 40% of the steps, half the run sparse.
+# Of the schedules measured with the default pattern it reaches the dense run's loss soonest in wall
+# time at the sizes users train (1B); a quarter sparse ends closer at equal steps but gains less.
 WARMUP_FRAC = 0.1
-FINAL_DENSE_FRAC = 0.65
+FINAL_DENSE_FRAC = 0.4
 _current = "sparse"
 
 
@@ -76,8 +78,8 @@ class PhaseSchedule:
         dense_every: int = 0,
     ) -> "PhaseSchedule":
         """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
-        (and every ``dense_every``-th step between). The defaults (10% / 65%) are the default pattern's
-        recipe, the schedule its quality was measured with."""
+        (and every ``dense_every``-th step between). The defaults (10% / 40%: half the steps sparse) are
+        the default pattern's recipe, the schedule its quality and whole-run time were measured with."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")

@@ -197,7 +197,7 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_a_tenth(frac, 
         )
         assert _lr(step, args) == pytest.approx(want, rel=1e-12), step
     defaults = parse_args(["--device", "cpu"])
-    assert (defaults.lr_warmup_frac, defaults.warmup_frac, defaults.final_dense_frac) == (0.5, 0.1, 0.65)
+    assert (defaults.lr_warmup_frac, defaults.warmup_frac, defaults.final_dense_frac) == (0.5, 0.1, 0.4)
 
 
 def test_wsd_learning_rate_holds_the_peak_then_decays_linearly_to_a_tenth(capsys):
@@ -536,6 +536,11 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path, capsys):
     assert [r["seed"] for r in against[:2]] == ["s0 (csv) / x_s0", "s1 (csv) / x_s1"]
     assert [float(r["diff"]) for r in against[:2]] == pytest.approx([0.03, -0.02 / 1.01])
     assert float(against[0]["kept"]) == pytest.approx(0.5)
+    # against a CSV that was itself paired with a CSV: the dense run is named once
+    assert main([str(tmp_path / "x_s0"), str(tmp_path / "x_s1"), "--dense-csv", str(tmp_path / "against.csv"),
+                 "--csv", str(tmp_path / "again.csv")]) == 0  # fmt: skip
+    again = list(csv.DictReader(open(tmp_path / "again.csv")))
+    assert [r["seed"] for r in again[:2]] == ["s0 (csv) / x_s0", "s1 (csv) / x_s1"]
     capsys.readouterr()
     assert main([str(tmp_path / "x_s1"), str(tmp_path / "x_s0"), "--dense-csv", str(tmp_path / "seeds.csv")]) == 2
     assert "x_s1: seed 1, paired with the dense run of seed 0" in capsys.readouterr().err

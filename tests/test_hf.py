@@ -218,7 +218,7 @@ def check_resume(full: Run, resumed: Run) -> None:
 
 def test_trainer_follows_the_default_schedule(trainer_runs):
     run = trainer_runs.runs["default"]
-    assert run.schedule == PhaseSchedule(1, 3)  # dense, sparse, sparse, then dense
+    assert run.schedule == PhaseSchedule(1, 5)  # dense, 4 sparse, then dense
     check_run(run)
     assert run.phase_after == "sparse"  # restored at train end
     # every graph compiled (training, evaluation; the whole model's, the MLPs') has every FFN site
@@ -247,7 +247,7 @@ def test_trainer_evaluates_in_the_schedules_window(trainer_runs):
     run = trainer_runs.runs["evaluation"]
     check_run(run)
     evaluated = {(s, p) for s, grad, p in run.dispatches if not grad}  # after steps 2, 4, 6, 8
-    assert sorted(evaluated) == [(1, "sparse"), (3, "dense"), (5, "dense"), (7, "dense")]
+    assert sorted(evaluated) == [(1, "sparse"), (3, "sparse"), (5, "dense"), (7, "dense")]
     assert all(math.isfinite(h["eval_loss"]) for h in run.trainer.state.log_history if "eval_loss" in h)
 
 
@@ -290,7 +290,7 @@ def test_callback_events_without_training():
     sparse_compile.set_phase("dense")
     callback = PhaseCallback(eval_phase="dense")
     callback.on_train_begin(args, state, control)
-    assert callback.schedule == PhaseSchedule.from_fractions(10) == PhaseSchedule(1, 4)
+    assert callback.schedule == PhaseSchedule.from_fractions(10) == PhaseSchedule(1, 6)
     phases = []
     for step in range(3):
         state.global_step = step

@@ -106,7 +106,7 @@ class PhaseCallback(TrainerCallback):
 
     ``schedule``: indexed by the Trainer's optimizer step (``state.global_step``, from 0). None (the
     default): ``PhaseSchedule.from_fractions(state.max_steps)``, built when training begins (its
-    default fractions: dense for the first 10% and the last 65% of the steps).
+    default fractions: dense for the first 10% and the last 40% of the steps).
     ``eval_phase``: the phase evaluation during training runs in. None (the default): the schedule's
     window at the optimizer step that ran just before it, as ``bench/train.py`` evaluates: sparse
     inside the sparse window (``dense_every``'s dense steps included), dense in the warm-up and the
