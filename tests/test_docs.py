@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from bench.whole_run import projected_speedup
+from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -104,7 +105,11 @@ def test_main_job_table_is_its_csv():
 DEFAULT_STEP = "| size | device | revision | dense step ms | default step ms | speedup |"
 
 
-def _whole_run(speedup: float, sparse_frac: float = 0.5) -> str:
+DEFAULT_SPARSE = 1 - WARMUP_FRAC - FINAL_DENSE_FRAC  # the default schedule's sparse fraction
+WHOLE_RUN_COLUMN = f"whole run, {DEFAULT_SPARSE:.0%} of steps sparse"
+
+
+def _whole_run(speedup: float, sparse_frac: float = DEFAULT_SPARSE) -> str:
     """A run's speedup with ``sparse_frac`` of its steps sparse at ``speedup`` (the rest dense)."""
     return f"{1 / (1 - sparse_frac + sparse_frac / speedup):.2f}x"
 
@@ -118,7 +123,7 @@ def test_default_step_table_is_its_csvs():
         assert row["default step ms"] == f"{float(default['step_ms']):.2f}", row["size"]
         assert row["speedup"] == f"{float(default['speedup']):.3f}x", row["size"]
         assert row["peak memory vs dense"] == f"{float(default['mem_vs_dense']):.3f}", row["size"]
-        assert row["whole run, 50% of steps sparse"] == _whole_run(float(default["speedup"])), row["size"]
+        assert row[WHOLE_RUN_COLUMN] == _whole_run(float(default["speedup"])), row["size"]
         assert row["device"] in default["device"], row["size"]
 
 
@@ -198,7 +203,7 @@ def test_readme_default_table_quotes_results():
         assert device == measured["device"], size
         assert row["sparse step vs dense"] == measured["speedup"], size
         whole_run = row["whole run, default schedule (projected, equal steps)"]
-        assert whole_run == measured["whole run, 50% of steps sparse"], size
+        assert whole_run == measured[WHOLE_RUN_COLUMN], size
         assert row["peak memory vs dense"] == measured["peak memory vs dense"], size
 
 
