@@ -272,12 +272,16 @@ def test_whole_run_budgets_are_their_csv():
         sparse = int(schedule.group(1)) / 100
         schedule = schedule.group(0)
         seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
+        per_seed: dict[str, list[tuple[int, float]]] = {}  # seed -> (budget, gap) in budget order
         for budget, cell in re.findall(r"(\d+): ([^;]+)", row["budget, steps: val vs dense (paired)"]):
             head = f"{size}block-shared: default chunked, {schedule}"
             tail = f"{budget} steps (time-to-quality budget)"
             names = (f"{head}, {tail}", f"{head} stretched to {tail}")
             diffs = [float(r["diff"]) for r in rows if r["structure"] in names]
             assert len(diffs) == seeds, (model, budget)
+            for r in rows:
+                if r["structure"] in names:
+                    per_seed.setdefault(r["seed"].rsplit("_s", 1)[1], []).append((int(budget), float(r["diff"])))
             mean = sum(diffs) / len(diffs)
             want = f"{mean:+.2%}"
             if seeds > 1:
@@ -285,6 +289,13 @@ def test_whole_run_budgets_are_their_csv():
                 want += f" ± {se:.2%}"
             assert cell.strip() == want, (model, budget)
         ks = row["k, steps to the dense loss (per seed)"]
+        base = int(model.split(", ")[1])  # the dense run's steps
+        if ">" not in ks:  # k: linear between the budgets on either side of the dense loss, per seed
+            for k, budgets in zip(ks.split(","), per_seed.values(), strict=True):
+                pairs = zip(budgets, budgets[1:], strict=False)
+                (a, da), (b, db) = next((x, y) for x, y in pairs if x[1] > 0 >= y[1])
+                decimals = len(k.strip().split(".")[1])
+                assert k.strip() == f"{(a + da / (da - db) * (b - a)) / base:.{decimals}f}", (model, k)
         for header, s in (("projected whole run, 1.3B (s = 1.475)", 1.475), ("2.7B (s = 1.555)", 1.555)):
             if ks.startswith("> ") and "," not in ks:  # not reached: k above, the projection below
                 want = f"< {projected_speedup(sparse, s, float(ks[2:].split()[0])):.2f}x"
