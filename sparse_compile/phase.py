@@ -11,7 +11,7 @@ from dataclasses import dataclass
 PHASES = ("sparse", "dense")
 # The default recipe: dense for the first 10% and the last 40% of the steps, half the run sparse.
 # Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a quarter sparse ends closer
-# at equal steps but gains less; 80% sparse gains no more and ends further behind at equal steps.
+# at equal steps but gains less; 80% sparse gains about as much and ends further behind at equal steps.
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 _current = "sparse"
