@@ -20,12 +20,18 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   step s times as fast as a dense one (bench.e2e at that size) and k = the recipe's steps to the
   target over the dense run's steps, the whole run is 1 / (k (1 - f + f / s)) times as fast.
   It assumes k, measured at the runs' own size and length, carries over to the size projected to;
+- a budget from another sweep (another machine or session) names its own dense run of the same seed
+  and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
+  times at their ratio to that run's, both put onto the target's dense run (its loss and walls scaled);
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
 
     python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
         --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555
+    # the 3200-step budget from another sweep, beside that sweep's own dense run
+    python -m bench.whole_run --paired --dense runs/a/dense_s0/log.csv \\
+        --recipe s0=runs/a/chunked_s0/log.csv,runs/b/chunked-steps-3200_s0/log.csv@runs/b/dense_s0/log.csv
 """
 
 import argparse
@@ -116,6 +122,20 @@ def with_compiles(runs: list[Run]) -> list[Run]:
     return [dataclasses.replace(r, wall_s=r.wall_with_compiles_s, steady=False) for r in runs]
 
 
+def rebased(run: Run, own: Run, target: float, dense_wall: float, dense_wall_with_compiles: float | None) -> Run:
+    """``run``, a budget measured beside its own dense run ``own`` (another sweep, machine or session), put
+    beside the target's dense run: its final loss at the same gap from ``target`` as from ``own``'s, its
+    wall times at the same ratios to the target's dense wall times as to ``own``'s."""
+    walls = (run.wall_with_compiles_s, own.wall_with_compiles_s, dense_wall_with_compiles)
+    with_compiles = None if None in walls else walls[0] * walls[2] / walls[1]
+    return dataclasses.replace(
+        run,
+        final_val=run.final_val * target / own.final_val,
+        wall_s=run.wall_s * dense_wall / own.wall_s,
+        wall_with_compiles_s=with_compiles,
+    )
+
+
 def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:
     """Sparse steps of a run of ``steps`` steps by the schedule in bench.train's summary.txt beside its
     log (the log's phase is per logged interval, so an interval that holds a phase boundary counts
@@ -202,7 +222,10 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dense", nargs="+", required=True, help="bench.train log.csv files whose dense run is the target")
-    p.add_argument("--recipe", nargs="+", required=True, help="NAME=log.csv[,log.csv...]: the recipe at its budgets")
+    p.add_argument(
+        "--recipe", nargs="+", required=True,
+        help="NAME=log.csv[,log.csv...]: the recipe at its budgets (log.csv@dense.csv: one beside its own dense run)",
+    )  # fmt: skip
     p.add_argument("--step-speedup", nargs="*", default=[], help="SIZE=s: bench.e2e's sparse step over dense there")
     p.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per step of the runs (default 16384)")
     p.add_argument(
@@ -215,12 +238,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     recipes = _pairs(args.recipe, "--recipe")
     if args.paired and len(recipes) != len(dense):
         raise SystemExit(f"--paired: {len(recipes)} recipe(s) for {len(dense)} dense run(s); give one per dense run")
-    groups = [[read_run(f, "sparse", args.tokens_per_step) for f in files.split(",")] for files in recipes.values()]
-    runs = with_compiles(dense + [b for g in groups for b in g])
+    files = [[f.partition("@")[::2] for f in budgets.split(",")] for budgets in recipes.values()]  # (log, own dense)
+    groups = [[read_run(log, "sparse", args.tokens_per_step) for log, _ in g] for g in files]
+    owns = [[read_run(own, "dense", args.tokens_per_step) if own else None for _, own in g] for g in files]
+    runs = with_compiles(dense + [b for g in groups for b in g] + [o for g in owns for o in g if o is not None])
     if not runs[0].steady:
         print("wall times with compiles: not every run has a bench.train summary.txt beside its log")
     dense, rest = runs[: len(dense)], iter(runs[len(dense) :])
     groups = [[next(rest) for _ in g] for g in groups]  # the same runs, each wall time of one kind
+    owns = [[None if o is None else next(rest) for o in g] for g in owns]
     target = sum(r.final_val for r in dense) / len(dense)
     dense_wall = sum(r.wall_s for r in dense) / len(dense)
     rows = []
@@ -228,6 +254,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         base = dense[i] if args.paired else dense[0]  # its steps: the k = 1 budget
         if args.paired:
             target, dense_wall = base.final_val, base.wall_s
+        with_c = [r.wall_with_compiles_s for r in ([base] if args.paired else dense)]
+        dense_wall_c = None if None in with_c else sum(with_c) / len(with_c)
+        for j, ((log, own_log), own) in enumerate(zip(files[i], owns[i], strict=True)):
+            if own is None:
+                continue
+            if own.steps != base.steps:
+                raise SystemExit(f"--recipe {name}: {own_log} ran {own.steps} steps, the target's dense {base.steps}")
+            budgets[j] = rebased(budgets[j], own, target, dense_wall, dense_wall_c)
+            gap = budgets[j].final_val / target - 1
+            print(f"{name}: {log} against {own_log} (gap {gap:+.2%}), put onto the target")
         iso = iso_quality(dense_wall, base.steps, target, budgets)
         same = [b for b in budgets if b.steps == base.steps]
         row = {

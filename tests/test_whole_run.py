@@ -188,3 +188,26 @@ def test_wall_time_is_the_summarys_steady_state_with_the_compiles_beside_it(tmp_
         read_run(d)
     (sparse / "summary.txt").write_text((sparse / "summary.txt").read_text().replace("1,600", "nan"))
     assert not read_run(s).steady  # no finite rate: the logged intervals' sum
+
+
+def test_a_budget_from_another_sweep_is_taken_against_its_own_dense_run(tmp_path, capsys):
+    """The 120-step budget ran beside its own dense run, which ended 5% lower (1.9) and ran at half the
+    speed (200 s against the target's 100 s): its 1.881 is 1% below that run, so 1% below the target's
+    2.0 (1.98), and its 132 s are 66 s beside the target's dense run. The 100-step budget (2.1, +5%)
+    and it bracket the target at 5/6 of the way."""
+    d = _log(tmp_path / "d.csv", {"dense": [(100, "dense", 1000, 2.0)]})  # 100 s
+    d2 = _log(tmp_path / "d2.csv", {"dense": [(100, "dense", 500, 1.9)]})  # 200 s
+    b1 = _log(tmp_path / "b1.csv", {"sparse": [(10, "dense", 1000, ""), (100, "sparse", 2000, 2.1)]})  # 55 s
+    b2 = _log(tmp_path / "b2.csv", {"sparse": [(12, "dense", 500, ""), (120, "sparse", 1000, 1.881)]})  # 132 s
+    (row,) = main(["--dense", d, "--recipe", f"r={b1},{b2}@{d2}", "--tokens-per-step", "1000"])
+    assert row["steps to the target (k)"] == f"={(100 + 5 / 6 * 20) / 100:.3f}"
+    wall = 55 + 5 / 6 * (132 * 100 / 200 - 55)
+    assert row["iso-quality speedup (wall time: runs alone only)"] == f"={100 / wall:.3f}x"
+    assert row["largest budget vs dense"] == "-1.00%"
+    assert f"r: {b2} against {d2} (gap -1.00%), put onto the target" in capsys.readouterr().out
+    # without its own dense run the budget is 6% below the target and the crossing moves
+    (plain,) = main(["--dense", d, "--recipe", f"r={b1},{b2}", "--tokens-per-step", "1000"])
+    assert plain["steps to the target (k)"] == f"={(100 + 0.1 / 0.219 * 20) / 100:.3f}"
+    short = _log(tmp_path / "short.csv", {"dense": [(90, "dense", 1000, 1.9)]})
+    with pytest.raises(SystemExit, match="ran 90 steps, the target's dense 100"):
+        main(["--dense", d, "--recipe", f"r={b1},{b2}@{short}", "--tokens-per-step", "1000"])
