@@ -20,7 +20,7 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   step s times as fast as a dense one (bench.e2e at that size) and k = the recipe's steps to the
   target over the dense run's steps, the whole run is 1 / (k (1 - f + f / s)) times as fast.
   It assumes k, measured at the runs' own size and length, carries over to the size projected to;
-- a budget from another sweep (another machine or session) names its own dense run of the same seed
+- a budget from another sweep (run elsewhere or later) names its own dense run of the same seed
   and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
   times at their ratio to that run's, both put onto the target's dense run (its loss and walls scaled);
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
@@ -123,8 +123,8 @@ def with_compiles(runs: list[Run]) -> list[Run]:
 
 
 def rebased(run: Run, own: Run, target: float, dense_wall: float, dense_wall_with_compiles: float | None) -> Run:
-    """``run``, a budget measured beside its own dense run ``own`` (another sweep, machine or session), put
-    beside the target's dense run: its final loss at the same gap from ``target`` as from ``own``'s, its
+    """``run``, a budget measured beside its own dense run ``own`` (another sweep, run elsewhere or later),
+    put beside the target's dense run: its final loss at the same gap from ``target`` as from ``own``'s, its
     wall times at the same ratios to the target's dense wall times as to ``own``'s."""
     walls = (run.wall_with_compiles_s, own.wall_with_compiles_s, dense_wall_with_compiles)
     with_compiles = None if None in walls else walls[0] * walls[2] / walls[1]
@@ -199,12 +199,18 @@ def _k_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
     return f"{'<=' if iso.bound == '>=' else '='}{iso.steps_ratio:.3f}"
 
 
+def _mean_with_compiles(runs: list[Run]) -> float | None:
+    """The runs' mean wall time with their compiles (the logged intervals' sums); None if one lacks it."""
+    walls = [r.wall_with_compiles_s for r in runs]
+    return None if None in walls else sum(walls) / len(walls)
+
+
 def _with_compiles(dense: list[Run], run: Run) -> str:
-    """The dense runs' mean wall over ``run``'s, both with their compiles (the logged intervals' sums)."""
-    walls = [r.wall_with_compiles_s for r in (*dense, run)]
-    if any(w is None for w in walls):
+    """The dense runs' mean wall over ``run``'s, both with their compiles."""
+    dense_wall = _mean_with_compiles(dense)
+    if dense_wall is None or run.wall_with_compiles_s is None:
         return "-"
-    return f"{sum(walls[:-1]) / len(dense) / walls[-1]:.3f}x"
+    return f"{dense_wall / run.wall_with_compiles_s:.3f}x"
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -254,8 +260,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         base = dense[i] if args.paired else dense[0]  # its steps: the k = 1 budget
         if args.paired:
             target, dense_wall = base.final_val, base.wall_s
-        with_c = [r.wall_with_compiles_s for r in ([base] if args.paired else dense)]
-        dense_wall_c = None if None in with_c else sum(with_c) / len(with_c)
+        targets = [base] if args.paired else dense  # the dense run(s) the target is
+        dense_wall_c = _mean_with_compiles(targets)
         for j, ((log, own_log), own) in enumerate(zip(files[i], owns[i], strict=True)):
             if own is None:
                 continue
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
             "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
-            "the same with compiles": _with_compiles([base] if args.paired else dense, same[0]) if same else "-",
+            "the same with compiles": _with_compiles(targets, same[0]) if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",

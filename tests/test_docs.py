@@ -268,22 +268,21 @@ def test_whole_run_budgets_are_their_csv():
     for row in table:
         model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
         size = {"126M": "", "353M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
-        schedule = re.match(r"\d+% / (\d+)% / \d+%", recipe)  # dense warm-up / sparse / dense tail
-        sparse = int(schedule.group(1)) / 100
-        schedule = schedule.group(0)
+        match = re.match(r"\d+% / (\d+)% / \d+%", recipe)  # dense warm-up / sparse / dense tail
+        schedule, sparse = match.group(0), int(match.group(1)) / 100
         seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
         per_seed: dict[str, list[tuple[int, float]]] = {}  # seed -> (budget, gap) in budget order
         for budget, cell in re.findall(r"(\d+): ([^;]+)", row["budget, steps: val vs dense (paired)"]):
             head = f"{size}block-shared: default chunked, {schedule}"
             tail = f"{budget} steps (time-to-quality budget)"
             names = (f"{head}, {tail}", f"{head} stretched to {tail}")
-            diffs = [float(r["diff"]) for r in rows if r["structure"] in names]
+            matching = [r for r in rows if r["structure"] in names]
+            diffs = [float(r["diff"]) for r in matching]
             assert len(diffs) == seeds, (model, budget)
-            for r in rows:
-                if r["structure"] in names:
-                    dense_seed, seed = (name.rsplit("_s", 1)[1] for name in r["seed"].split(" / "))
-                    assert dense_seed == seed, r["seed"]
-                    per_seed.setdefault(seed, []).append((int(budget), float(r["diff"])))
+            for r in matching:
+                dense_seed, seed = (name.rsplit("_s", 1)[1] for name in r["seed"].split(" / "))
+                assert dense_seed == seed, r["seed"]
+                per_seed.setdefault(seed, []).append((int(budget), float(r["diff"])))
             mean = sum(diffs) / len(diffs)
             want = f"{mean:+.2%}"
             if seeds > 1:
