@@ -264,10 +264,13 @@ def test_whole_run_budgets_are_their_csv():
     path = _path(next(line for line in RESULTS.splitlines() if "most-sparse_structures_budgets" in line))
     rows = _csv(path)
     table = _rows(RESULTS, WHOLE_RUN)
-    assert len(table) == 6
+    assert len(table) == 8
     for row in table:
         model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
         size = {"126M": "", "353M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
+        warm = re.search(r", (lr warm-up \d+%)", model)  # bench.train's default lr warm-up (half the run) unless named
+        if warm:
+            size = f"{size[:-2]}, {warm.group(1)}: "
         match = re.match(r"\d+% / (\d+)% / \d+%", recipe)  # dense warm-up / sparse / dense tail
         schedule, sparse = match.group(0), int(match.group(1)) / 100
         seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
@@ -299,13 +302,16 @@ def test_whole_run_budgets_are_their_csv():
             if crossing:
                 (a, da), (b, db) = crossing[0]
                 found.append(((a + da / (da - db) * (b - a)) / base, ""))
+            elif budgets[0][1] <= 0:  # the smallest budget already reached it: k at most that budget's
+                found.append((budgets[0][0] / base, "<= "))
             else:
                 assert all(gap > 0 for _, gap in budgets), (model, seed)  # not reached at any budget
                 found.append((budgets[-1][0] / base, "> "))
         ks = row["k, steps to the dense loss (per seed)"].split(" (")[0]
         assert ks == ", ".join(f"{mark}{k:.3f}" for k, mark in found), model
         for header, s in (("projected whole run, 1.3B (s = 1.475)", 1.475), ("2.7B (s = 1.555)", 1.555)):
-            cells = [f"{'< ' if mark else ''}{projected_speedup(sparse, s, k):.2f}x" for k, mark in found]
+            bound = {"": "", "> ": "< ", "<= ": ">= "}
+            cells = [f"{bound[mark]}{projected_speedup(sparse, s, k):.2f}x" for k, mark in found]
             if all(mark for _, mark in found) and len(set(cells)) == 1:
                 cells = cells[:1]  # one bound for every seed
             assert row[header] == ", ".join(cells), (model, header)
