@@ -7,6 +7,7 @@ from tabulate import tabulate
 
 from sparse_compile.passes import SiteRecord
 from sparse_compile.passes.size_rule import SMALL_REASON, graphs_pay, small_ffn_bound
+from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
 from sparse_compile.schema import SparsityConfig
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
@@ -22,6 +23,16 @@ AUTO_GRAPHS_NOTE = (
     "graph run under torch's cudagraph trees, as with mode='reduce-overhead' (one memory pool for both): a "
     "later call overwrites a compiled call's outputs, and torch raises an error where one is read after "
     "that (clone what you keep across steps). small_ffn='dense' keeps these sites dense instead"
+)
+# What a run gains, as far as the compile can say: the sparse sites speed up only the steps that run in
+# the sparse phase, so at equal steps a run with a fraction f of them sparse, each s times as fast as a
+# dense step, is 1 / (1 - f + f / s) as fast as dense (Amdahl's law over the steps).
+RUN_LINE = (
+    "a run: these sites run sparse only while phase() is 'sparse' (plain dense graphs otherwise); "
+    "PhaseSchedule.from_fractions(steps), the default recipe, runs {sparse:.0%} of the steps sparse (dense the "
+    "first {warmup:.0%} and the last {final:.0%}), so a sparse step s times as fast as dense makes the run "
+    "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; what a run gains at the dense run's loss is "
+    "measured in bench/RESULTS.md section 6c"
 )
 NO_GRAPHS_NOTE = (
     "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "
@@ -201,5 +212,11 @@ class Report:
             + (f", weight_copies={c.weight_copies}" if c.weight_copies != "keep" else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"
         )
-        head = "\n".join([head, *self.notes])
+        head = "\n".join([head, *self.notes, *([run_line()] if self.sparse_sites else [])])
         return head if not self.sites else f"{head}\n{self.table()}"
+
+
+def run_line(warmup: float = WARMUP_FRAC, final_dense: float = FINAL_DENSE_FRAC) -> str:
+    """RUN_LINE for a schedule dense the first ``warmup`` and last ``final_dense`` fractions of the steps."""
+    sparse = round(1.0 - warmup - final_dense, 6)
+    return RUN_LINE.format(sparse=sparse, warmup=warmup, final=final_dense, dense=round(1.0 - sparse, 6))

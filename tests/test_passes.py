@@ -1,5 +1,7 @@
 """Match coverage of the FFN pass: every spelling matches, look-alikes don't, counts are exact."""
 
+import re
+
 import pytest
 import torch
 
@@ -68,6 +70,29 @@ def test_nanogpt_gets_every_block():
     assert "activations=128:4:16, chunk=128, causal," in text and "A128:4:16c32 causal" in text
     assert [s.record.chunk for s in report.sparse_sites] == [32] * 4
     assert "chunks of 32, not 128: hidden 512 is not divisible by M * 128 = 2048" in text
+
+
+def test_the_report_says_what_a_run_gains_from_its_step():
+    """A report with sparse sites names the default schedule's sparse share and Amdahl's law over the steps;
+    the formula it prints is bench.whole_run's at equal steps (k = 1), and it follows the phase defaults."""
+    from bench.whole_run import projected_speedup
+    from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
+    from sparse_compile.report import run_line
+
+    model = GPT(GPTConfig(block_size=128, n_layer=1, n_head=4, n_embd=128))
+    text = str(explain(model, torch.randint(0, 256, (2, 128))))
+    line = run_line()
+    assert line in text.splitlines() and text.index(line) < text.index("blocks.0.mlp")
+    sparse = 1 - WARMUP_FRAC - FINAL_DENSE_FRAC
+    assert f"runs {sparse:.0%} of the steps sparse" in line
+    for warmup, final in ((0.1, 0.4), (0.1, 0.1), (0.05, 0.15), (0.1, 0.65)):
+        dense, frac = re.search(r"1 / \(([\d.]+) \+ ([\d.]+) / s\)", run_line(warmup, final)).groups()
+        for s in (1.2, 1.475, 3.0):
+            printed = 1 / (float(dense) + float(frac) / s)
+            assert printed == pytest.approx(projected_speedup(1 - warmup - final, s)), (warmup, final, s)
+    assert f"the last {final:.0%}" in run_line(warmup, final)
+    short = explain(GPT(GPTConfig(block_size=64, n_layer=1, n_head=4, n_embd=128)), torch.randint(0, 256, (2, 64)))
+    assert short.sparse_sites == [] and "a run:" not in str(short)  # nothing runs sparse: nothing to gain
 
 
 @pytest.mark.parametrize(("hidden", "chunk"), [(4096, 128), (3072, 64), (11008, 16), (1536, 32)])
