@@ -169,7 +169,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help='with {"permute": true} in --sparsity: refit the hidden-unit permutations on the current batch '
-        "every N steps of the sparse phase (sparse_compile.recluster; 0: never); with routed tokens (\"routes\") "
+        'every N steps of the sparse phase (sparse_compile.recluster; 0: never); with routed tokens ("routes") '
         "the routing is fitted before the first sparse step and every N steps (default 100 there); "
         "log.csv's recluster_probe_s "
         "and recluster_fit_s give the seconds of each log interval spent in the probe forward and in recluster()",
