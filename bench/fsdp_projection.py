@@ -66,8 +66,8 @@ ROOT_BYTES = 4  # the root unit (embeddings, final norm) stays fp32 both ways
 
 # Measured step times, ms (bench/RESULTS.md): (dense, default)
 H100_1P3B = (256.61, 174.02)  # section 2, results/h100_e2e_1.3b_default_bf7909d_e2e.csv
-H200_1P3B = (244.31, 162.93)  # section 5b, one GPU: results/h200x2_e2e_1.3b_one-ddp-fsdp_73c52fc.csv, engine one
-H200X2_FSDP_1P3B = (253.35, 169.52)  # section 5b, FSDP2: the same file, engine fsdp
+H200_1P3B = (244.31, 162.93)  # section 5, one GPU: results/h200x2_e2e_1.3b_one-ddp-fsdp_73c52fc.csv, engine one
+H200X2_FSDP_1P3B = (253.35, 169.52)  # section 5, FSDP2: the same file, engine fsdp
 H200X2_FSDP_SPEEDUP = 1.494  # the same file's speedup (from tokens/s)
 H100_1P3B_HOST = (115.25, 80.62)  # host ms per step of section 2's 1.3B rows (the time to enqueue a step)
 

@@ -28,7 +28,8 @@ AUTO_GRAPHS_NOTE = (
 # the sparse phase, so at equal steps a run with a fraction f of them sparse, each s times as fast as a
 # dense step, is 1 / (1 - f + f / s) as fast as dense (Amdahl's law over the steps).
 RUN_LINE = (
-    "a run: these sites run sparse only while phase() is 'sparse' (plain dense graphs otherwise); "
+    "a run: these sites run sparse while phase() is 'sparse' (every step, until a PhaseSchedule or dense_phase() "
+    "says otherwise) and as plain dense graphs in the dense phase; "
     "PhaseSchedule.from_fractions(steps), the default recipe, runs {sparse:.0%} of the steps sparse (dense the "
     "first {warmup:.0%} and the last {final:.0%}), so a sparse step s times as fast as dense makes the run "
     "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; what a run gains at the dense run's loss is "
@@ -218,5 +219,9 @@ class Report:
 
 def run_line(warmup: float = WARMUP_FRAC, final_dense: float = FINAL_DENSE_FRAC) -> str:
     """RUN_LINE for a schedule dense the first ``warmup`` and last ``final_dense`` fractions of the steps."""
+    if not (0.0 <= warmup <= 1.0 and 0.0 <= final_dense <= 1.0 and warmup + final_dense <= 1.0):
+        raise ValueError(
+            f"run_line: warmup={warmup!r}, final_dense={final_dense!r}: expected fractions in [0, 1] summing to <= 1"
+        )
     sparse = round(1.0 - warmup - final_dense, 6)
     return RUN_LINE.format(sparse=sparse, warmup=warmup, final=final_dense, dense=round(1.0 - sparse, 6))

@@ -90,7 +90,9 @@ def test_the_report_says_what_a_run_gains_from_its_step():
         for s in (1.2, 1.475, 3.0):
             printed = 1 / (float(dense) + float(frac) / s)
             assert printed == pytest.approx(projected_speedup(1 - warmup - final, s)), (warmup, final, s)
-    assert f"the last {final:.0%}" in run_line(warmup, final)
+        assert f"dense the first {warmup:.0%} and the last {final:.0%}" in run_line(warmup, final)
+    with pytest.raises(ValueError, match="warmup=0.7, final_dense=0.4"):
+        run_line(0.7, 0.4)
     short = explain(GPT(GPTConfig(block_size=64, n_layer=1, n_head=4, n_embd=128)), torch.randint(0, 256, (2, 64)))
     assert short.sparse_sites == [] and "a run:" not in str(short)  # nothing runs sparse: nothing to gain
 
