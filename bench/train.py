@@ -42,6 +42,7 @@ from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.ops import routes
 from sparse_compile.passes.size_rule import small_ffn_bound
 from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
+from sparse_compile.report import Report, run_line
 
 SEGMENTS = ("warmup", "sparse", "final")
 PARTIAL_LOG = "log_partial.csv"  # a stopped call's points so far
@@ -605,6 +606,14 @@ def train_one(
     return result
 
 
+def reports_text(reports: list[Report]) -> str:
+    """The compile reports with sites, one after another; the run line they all carry (report.run_line) only in
+    the first, as it says the same of every graph."""
+    texts = [str(r) for r in reports if r.sites]
+    line = run_line()
+    return "\n".join([texts[0], *(t.replace(f"\n{line}\n", "\n") for t in texts[1:])]) if texts else ""
+
+
 def _maybe(value: float, fmt: str) -> str:
     return "n/a" if math.isnan(value) else fmt.format(value)
 
@@ -759,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, schedule, args.steps, out / "loss.png")
         table = summary_table(results)
         if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)
-            table += "\n\n" + "\n".join(str(r) for r in sparse_compile.compile_reports() if r.sites)
+            table += "\n\n" + reports_text(sparse_compile.compile_reports())
         (out / "summary.txt").write_text(f"{header}\n\n{table}\n")
         print(f"\n{table}\n\nwrote {out / 'log.csv'}, {out / 'loss.png'}, {out / 'summary.txt'}")
     distributed.teardown(d)

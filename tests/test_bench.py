@@ -16,6 +16,7 @@ import torch
 
 from bench.data import Batches, Corpus, stdlib_files
 from bench.model import GPT, GPTConfig
+from sparse_compile.report import run_line
 
 
 def test_corpus_is_deterministic_and_local(tmp_path):
@@ -246,7 +247,10 @@ def test_dense_every_runs_dense_steps_inside_the_sparse_phase(tmp_path):
             logs[name] = list(csv.DictReader(open(tmp_path / name / "log.csv")))
     finally:
         torch.set_num_threads(threads)
-    assert "4 sparse FFN site(s), 0 dense" in (tmp_path / "plain" / "summary.txt").read_text()
+    summary = (tmp_path / "plain" / "summary.txt").read_text()
+    assert "4 sparse FFN site(s), 0 dense" in summary
+    # one report per compiled graph (training and evaluation), the run line once: it says the same of each
+    assert summary.count("sparse_compile report:") >= 2 and summary.count(run_line()) == 1
     plain, every2 = logs["plain"], logs["every2"]
     assert [r["phase"] for r in plain] == [r["phase"] for r in every2]
     window = [i for i, r in enumerate(plain) if r["phase"] == "sparse"]  # steps 1..5 of 8 (warm-up 10%: 1)
