@@ -5,6 +5,12 @@ Reads bench.train's log.csv files (one row per logged step and run name) and, fo
 interval) and validation loss of each file and the relative difference of each OTHER to BASE; then
 the largest |relative difference| per file and run. Use it to compare a distributed run with a
 single-GPU run at the same global batch, or two seeds, or two revisions.
+
+--by-step compares each file's only run by step, whatever its name: a sparse run against the dense
+run of its seed (how far behind it is at each evaluation, and where the gap closes), with the base's
+learning rate over its peak at each step and the phase the other file's run was in.
+
+    python -m bench.compare_logs runs/w13/dense_s0/log.csv runs/w13/chunked_s0/log.csv --by-step --every 400
 """
 
 import argparse
@@ -14,20 +20,38 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+Log = dict[tuple[str, int], tuple[float, float | None]]
 
-def load(path: Path) -> dict[tuple[str, int], tuple[float, float | None]]:
-    """(run, step) -> (train loss, validation loss or None)."""
+
+def load(path: Path, extra: dict[tuple[str, int], dict[str, str]] | None = None) -> Log:
+    """(run, step) -> (train loss, validation loss or None); ``extra`` gets each row's lr and phase where logged."""
     out = {}
     with open(path) as f:
         for r in csv.DictReader(f):
             val = float(r["val_loss"]) if r["val_loss"] else None
             out[(r["run"], int(r["step"]))] = (float(r["loss"]), val)
+            if extra is not None:
+                extra[(r["run"], int(r["step"]))] = {k: r[k] for k in ("lr", "phase") if r.get(k)}
     return out
 
 
-def compare(paths: list[Path], every: int = 1) -> tuple[list[dict], list[dict]]:
-    """(rows of the step table, rows of the worst-difference table)."""
-    logs = [load(p) for p in paths]
+def by_step(log: Log, path: Path) -> Log:
+    """The file's only run, keyed ("", step); an error naming the runs where it has several."""
+    runs = sorted({run for run, _ in log})
+    if len(runs) != 1:
+        raise SystemExit(f"--by-step: {path} has runs {runs}: expected one run per file")
+    return {("", step): v for (_, step), v in log.items()}
+
+
+def compare(paths: list[Path], every: int = 1, steps_only: bool = False) -> tuple[list[dict], list[dict]]:
+    """(rows of the step table, rows of the worst-difference table). ``steps_only``: each file's only run,
+    matched by step (--by-step), with the base's lr (over its peak) and the first other file's phase at each step."""
+    extras: list[dict[tuple[str, int], dict[str, str]]] = [{} for _ in paths]
+    logs = [load(p, e) for p, e in zip(paths, extras, strict=True)]
+    if steps_only:
+        extras = [{("", step): v for (_, step), v in e.items()} for e in extras]
+        logs = [by_step(lg, p) for lg, p in zip(logs, paths, strict=True)]
+        peak = max((float(v["lr"]) for v in extras[0].values() if "lr" in v), default=0.0)
     names = [p.parent.name or str(p) for p in paths]
     keys = sorted(set.intersection(*(set(lg) for lg in logs)))
     if not keys:
@@ -35,11 +59,18 @@ def compare(paths: list[Path], every: int = 1) -> tuple[list[dict], list[dict]]:
     rows, worst = [], {}
     for i, (run, step) in enumerate(keys):
         base_loss, base_val = logs[0][(run, step)]
-        row = {"run": run, "step": step, names[0]: base_loss}
+        row = {"run": run, "step": step} if not steps_only else {"step": step}
+        if steps_only:
+            lr = extras[0][(run, step)].get("lr")
+            row["lr / peak"] = f"{float(lr) / peak:.2f}" if lr and peak > 0 else ""
+            row[f"phase {names[1]}"] = extras[1][(run, step)].get("phase", "")
+        row[names[0]] = base_loss
         for name, lg in zip(names[1:], logs[1:], strict=True):
             loss, val = lg[(run, step)]
             row[name] = loss
             row[f"{name} vs {names[0]}"] = f"{(loss - base_loss) / base_loss:+.2%}"
+            if steps_only and val is not None and base_val is not None:
+                row[f"val {name} vs {names[0]}"] = f"{(val - base_val) / base_val:+.2%}"
             w = worst.setdefault(
                 (run, name), {"run": run, "file": name, "max |diff| train": 0.0, "max |diff| val": 0.0}
             )
@@ -59,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.compare_logs", description=__doc__)
     p.add_argument("logs", nargs="+", type=Path, help="log.csv files; the first is the base")
     p.add_argument("--every", type=int, default=50, help="print steps that are multiples of this (and evals)")
+    p.add_argument(
+        "--by-step", action="store_true", help="compare each file's only run by step, whatever its name (dense, sparse)"
+    )
     args = p.parse_args(argv)
     if len(args.logs) < 2:
         p.error("give at least two log.csv files")
-    rows, summary = compare(args.logs, args.every)
+    rows, summary = compare(args.logs, args.every, args.by_step)
     print(tabulate(rows, headers="keys", floatfmt=".4f", tablefmt="github"))
     print()
     print(tabulate(summary, headers="keys", tablefmt="github"))

@@ -80,6 +80,33 @@ def test_compare_logs_reports_relative_differences(tmp_path):
     assert worst["sparse"]["max |diff| train"] == "0.00%"
 
 
+def test_compare_logs_by_step_pairs_a_sparse_run_with_its_dense_run(tmp_path):
+    """--by-step: each file's only run, matched by step whatever its name; the val gap per evaluation,
+    the base's lr over its peak, the other run's phase; a file with two runs is an error naming them."""
+    from bench.compare_logs import compare
+
+    def write(path, run, rows):  # (step, loss, val, lr, phase)
+        path.parent.mkdir(parents=True)
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["run", "step", "phase", "lr", "loss", "val_loss"])
+            w.writeheader()
+            for step, loss, val, lr, phase in rows:
+                w.writerow({"run": run, "step": step, "phase": phase, "lr": lr, "loss": loss, "val_loss": val})
+
+    write(tmp_path / "d" / "log.csv", "dense", [(10, 3.0, 2.9, 4e-4, "dense"), (20, 2.0, 2.5, 1e-4, "dense")])
+    write(tmp_path / "s" / "log.csv", "sparse", [(10, 3.3, "", 4e-4, "sparse"), (20, 2.1, 2.55, 1e-4, "dense")])
+    rows, _ = compare([tmp_path / "d" / "log.csv", tmp_path / "s" / "log.csv"], every=10, steps_only=True)
+    assert [r["step"] for r in rows] == [10, 20]
+    assert rows[0]["s vs d"] == "+10.00%" and "val s vs d" not in rows[0]  # the sparse run did not evaluate
+    assert rows[1]["val s vs d"] == "+2.00%" and rows[1]["lr / peak"] == "0.25" and rows[1]["phase s"] == "dense"
+    assert rows[0]["phase s"] == "sparse" and rows[0]["lr / peak"] == "1.00"
+    with pytest.raises(SystemExit, match="no \\(run, step\\) in common"):  # by name, dense and sparse share none
+        compare([tmp_path / "d" / "log.csv", tmp_path / "s" / "log.csv"])
+    _write_log(tmp_path / "two" / "log.csv", {("dense", 10): (3.0, None), ("sparse", 10): (3.1, None)})
+    with pytest.raises(SystemExit, match=r"has runs \['dense', 'sparse'\]: expected one run per file"):
+        compare([tmp_path / "d" / "log.csv", tmp_path / "two" / "log.csv"], steps_only=True)
+
+
 def test_model_matches_a_plain_eager_forward():
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32))
