@@ -62,7 +62,7 @@ def compare(paths: list[Path], every: int = 1, steps_only: bool = False) -> tupl
         row = {"run": run, "step": step} if not steps_only else {"step": step}
         if steps_only:
             lr = extras[0][(run, step)].get("lr")
-            row["lr / peak"] = f"{float(lr) / peak:.2f}" if lr and peak > 0 else ""
+            row["lr / peak"] = f"{float(lr) / peak:.2f}x" if lr and peak > 0 else ""
             row[f"phase {names[1]}"] = extras[1][(run, step)].get("phase", "")
         row[names[0]] = base_loss
         for name, lg in zip(names[1:], logs[1:], strict=True):

@@ -607,11 +607,13 @@ def train_one(
 
 
 def reports_text(reports: list[Report]) -> str:
-    """The compile reports with sites, one after another; the run line they all carry (report.run_line) only in
-    the first, as it says the same of every graph."""
-    texts = [str(r) for r in reports if r.sites]
-    line = run_line()
-    return "\n".join([texts[0], *(t.replace(f"\n{line}\n", "\n") for t in texts[1:])]) if texts else ""
+    """The compile reports with sites, one after another; the run line (sparse_compile.report.run_line), which
+    every report with sparse sites carries and which says the same of each graph, only in the first that has it."""
+    line, seen, texts = f"\n{run_line()}\n", False, []
+    for text in (str(r) for r in reports if r.sites):
+        texts.append(text.replace(line, "\n") if seen else text)
+        seen = seen or line in text
+    return "\n".join(texts)
 
 
 def _maybe(value: float, fmt: str) -> str:

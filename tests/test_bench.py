@@ -80,10 +80,11 @@ def test_compare_logs_reports_relative_differences(tmp_path):
     assert worst["sparse"]["max |diff| train"] == "0.00%"
 
 
-def test_compare_logs_by_step_pairs_a_sparse_run_with_its_dense_run(tmp_path):
+def test_compare_logs_by_step_pairs_a_sparse_run_with_its_dense_run(tmp_path, capsys):
     """--by-step: each file's only run, matched by step whatever its name; the val gap per evaluation,
     the base's lr over its peak, the other run's phase; a file with two runs is an error naming them."""
     from bench.compare_logs import compare
+    from bench.compare_logs import main as compare_main
 
     def write(path, run, rows):  # (step, loss, val, lr, phase)
         path.parent.mkdir(parents=True)
@@ -94,12 +95,15 @@ def test_compare_logs_by_step_pairs_a_sparse_run_with_its_dense_run(tmp_path):
                 w.writerow({"run": run, "step": step, "phase": phase, "lr": lr, "loss": loss, "val_loss": val})
 
     write(tmp_path / "d" / "log.csv", "dense", [(10, 3.0, 2.9, 4e-4, "dense"), (20, 2.0, 2.5, 1e-4, "dense")])
-    write(tmp_path / "s" / "log.csv", "sparse", [(10, 3.3, "", 4e-4, "sparse"), (20, 2.1, 2.55, 1e-4, "dense")])
+    write(tmp_path / "s" / "log.csv", "sparse", [(10, 3.3, "", 2e-4, "sparse"), (20, 2.1, 2.55, 2e-4, "dense")])
     rows, _ = compare([tmp_path / "d" / "log.csv", tmp_path / "s" / "log.csv"], every=10, steps_only=True)
     assert [r["step"] for r in rows] == [10, 20]
     assert rows[0]["s vs d"] == "+10.00%" and "val s vs d" not in rows[0]  # the sparse run did not evaluate
-    assert rows[1]["val s vs d"] == "+2.00%" and rows[1]["lr / peak"] == "0.25" and rows[1]["phase s"] == "dense"
-    assert rows[0]["phase s"] == "sparse" and rows[0]["lr / peak"] == "1.00"
+    # the base's lr over its peak (the other file's would read 1.00x at both steps), the other run's phase
+    assert rows[1]["val s vs d"] == "+2.00%" and rows[1]["lr / peak"] == "0.25x" and rows[1]["phase s"] == "dense"
+    assert rows[0]["phase s"] == "sparse" and rows[0]["lr / peak"] == "1.00x"
+    assert compare_main([str(tmp_path / "d" / "log.csv"), str(tmp_path / "s" / "log.csv"), "--by-step"]) == 0
+    assert "| +2.00%" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no \\(run, step\\) in common"):  # by name, dense and sparse share none
         compare([tmp_path / "d" / "log.csv", tmp_path / "s" / "log.csv"])
     _write_log(tmp_path / "two" / "log.csv", {("dense", 10): (3.0, None), ("sparse", 10): (3.1, None)})
@@ -286,6 +290,28 @@ def test_dense_every_runs_dense_steps_inside_the_sparse_phase(tmp_path):
     assert [r["loss"] for r in plain[: first + 1]] == [r["loss"] for r in every2[: first + 1]]
     assert plain[first + 1]["loss"] != every2[first + 1]["loss"]  # the window's second step: dense in every2
     assert "with one step in 2 dense" in (tmp_path / "every2" / "summary.txt").read_text()
+
+
+def test_summary_reports_carry_the_run_line_once():
+    """reports_text: the run line in the first report that has it (one with sparse sites), none after; reports
+    without sites left out. Reports built from records by hand: a dense-only graph first, then two sparse ones."""
+    from bench.train import reports_text
+    from sparse_compile import SparsityConfig
+    from sparse_compile.config import DEFAULT_PRESET
+    from sparse_compile.passes import SiteRecord
+    from sparse_compile.report import Report
+
+    def report(sparse: bool) -> Report:
+        reason = "" if sparse else "a near miss: GELU"
+        record = SiteRecord("blocks.0.mlp", "model.py:1", "(2, 128, 64)", "256", "float32", "cpu", sparse, reason)
+        return Report.from_records(SparsityConfig.preset(DEFAULT_PRESET), 0, [record])
+
+    none = Report.from_records(SparsityConfig.preset(DEFAULT_PRESET), 0, [])
+    reports = [none, report(False), report(True), report(True)]
+    text = reports_text(reports)
+    assert text.count("sparse_compile report:") == 3 and text.count(run_line()) == 1
+    assert text.index(run_line()) > text.index("1 sparse FFN site(s)")  # in the first sparse report, not the dense one
+    assert reports_text([report(False)]).count(run_line()) == 0 and reports_text([]) == ""
 
 
 def test_resumed_runs_equal_the_uninterrupted_run(tmp_path):
