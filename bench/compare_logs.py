@@ -17,21 +17,31 @@ import argparse
 import csv
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from tabulate import tabulate
 
-Log = dict[tuple[str, int], tuple[float, float | None]]
+
+class Point(NamedTuple):
+    """One logged step of one run: train loss (mean over the interval), validation loss, lr and phase."""
+
+    loss: float
+    val: float | None
+    lr: float | None
+    phase: str
 
 
-def load(path: Path, extra: dict[tuple[str, int], dict[str, str]] | None = None) -> Log:
-    """(run, step) -> (train loss, validation loss or None); ``extra`` gets each row's lr and phase where logged."""
+Log = dict[tuple[str, int], Point]
+
+
+def load(path: Path) -> Log:
+    """(run, step) -> its Point (lr None and phase "" where the log has no such column)."""
     out = {}
     with open(path) as f:
         for r in csv.DictReader(f):
             val = float(r["val_loss"]) if r["val_loss"] else None
-            out[(r["run"], int(r["step"]))] = (float(r["loss"]), val)
-            if extra is not None:
-                extra[(r["run"], int(r["step"]))] = {k: r[k] for k in ("lr", "phase") if r.get(k)}
+            lr = float(r["lr"]) if r.get("lr") else None
+            out[(r["run"], int(r["step"]))] = Point(float(r["loss"]), val, lr, r.get("phase") or "")
     return out
 
 
@@ -46,27 +56,24 @@ def by_step(log: Log, path: Path) -> Log:
 def compare(paths: list[Path], every: int = 1, steps_only: bool = False) -> tuple[list[dict], list[dict]]:
     """(rows of the step table, rows of the worst-difference table). ``steps_only``: each file's only run,
     matched by step (--by-step), with the base's lr (over its peak) and the first other file's phase at each step."""
-    extras: list[dict[tuple[str, int], dict[str, str]]] = [{} for _ in paths]
-    logs = [load(p, e) for p, e in zip(paths, extras, strict=True)]
+    logs = [load(p) for p in paths]
     if steps_only:
-        extras = [{("", step): v for (_, step), v in e.items()} for e in extras]
         logs = [by_step(lg, p) for lg, p in zip(logs, paths, strict=True)]
-        peak = max((float(v["lr"]) for v in extras[0].values() if "lr" in v), default=0.0)
+        peak = max((v.lr for v in logs[0].values() if v.lr is not None), default=0.0)
     names = [p.parent.name or str(p) for p in paths]
     keys = sorted(set.intersection(*(set(lg) for lg in logs)))
     if not keys:
         raise SystemExit(f"no (run, step) in common between {', '.join(map(str, paths))}")
     rows, worst = [], {}
     for i, (run, step) in enumerate(keys):
-        base_loss, base_val = logs[0][(run, step)]
+        base_loss, base_val, lr, _ = logs[0][(run, step)]
         row = {"run": run, "step": step} if not steps_only else {"step": step}
         if steps_only:
-            lr = extras[0][(run, step)].get("lr")
-            row["lr / peak"] = f"{float(lr) / peak:.2f}x" if lr and peak > 0 else ""
-            row[f"phase {names[1]}"] = extras[1][(run, step)].get("phase", "")
+            row["lr / peak"] = f"{lr / peak:.2f}x" if lr is not None and peak > 0 else ""
+            row[f"phase {names[1]}"] = logs[1][(run, step)].phase
         row[names[0]] = base_loss
         for name, lg in zip(names[1:], logs[1:], strict=True):
-            loss, val = lg[(run, step)]
+            loss, val, _, _ = lg[(run, step)]
             row[name] = loss
             row[f"{name} vs {names[0]}"] = f"{(loss - base_loss) / base_loss:+.2%}"
             if steps_only and val is not None and base_val is not None:
