@@ -264,12 +264,13 @@ def test_whole_run_budgets_are_their_csv():
     path = _path(next(line for line in RESULTS.splitlines() if "most-sparse_structures_budgets" in line))
     rows = _csv(path)
     table = _rows(RESULTS, WHOLE_RUN)
-    assert len(table) == 9
+    assert len(table) == 13
     for row in table:
         model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
         size = {"126M": "", "353M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
-        warm = re.search(r", (lr warm-up \d+%)", model)  # bench.train's default lr warm-up (half the run) unless named
-        if warm:  # "350m: " -> "350m, lr warm-up 5%: "; the 126M rows have no size prefix
+        # bench.train's default lr warm-up (half the run) and cosine unless named
+        warm = re.search(r", (lr warm-up \d+%(?:, WSD decay \d+%)?)", model)
+        if warm:  # "350m: " -> "350m, lr warm-up 5%[, WSD decay 15%]: "; the 126M rows have no size prefix
             size = f"{size[:-2]}, {warm.group(1)}: " if size else f"{warm.group(1)}: "
         match = re.match(r"\d+% / (\d+)% / \d+%", recipe)  # dense warm-up / sparse / dense tail
         schedule, sparse = match.group(0), int(match.group(1)) / 100
