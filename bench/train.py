@@ -41,7 +41,7 @@ from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, Spars
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.ops import routes
 from sparse_compile.passes.size_rule import small_ffn_bound
-from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
+from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
 from sparse_compile.report import Report, run_line
 
 SEGMENTS = ("warmup", "sparse", "final")
@@ -123,16 +123,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lr-decay-frac",
         type=_fraction,
-        default=0.1,
-        help="with --lr-schedule wsd: the last fraction of the steps over which the learning rate decays (default 0.1)",
+        default=0.15,
+        help="with --lr-schedule wsd: the last fraction of the steps over which the learning rate decays (default "
+        "0.15)",
     )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
-    p.add_argument("--warmup-frac", type=_fraction, default=WARMUP_FRAC, help="dense warm-up: first fraction of steps")
+    p.add_argument(
+        "--warmup-frac",
+        type=_fraction,
+        help=f"dense warm-up: first fraction of steps (default {WARMUP_FRAC}; with --lr-schedule wsd "
+        f"{LR_DECAY_WARMUP_FRAC})",
+    )
     p.add_argument(
         "--final-dense-frac",
         type=_fraction,
-        default=FINAL_DENSE_FRAC,
-        help="dense recovery: last fraction of steps (its measured quality: bench/RESULTS.md)",
+        help=f"dense recovery: last fraction of steps (default {FINAL_DENSE_FRAC}; with --lr-schedule wsd the lr's "
+        "decay, PhaseSchedule.until_lr_decay; their measured quality: bench/RESULTS.md)",
     )
     p.add_argument(
         "--sparsity",
@@ -242,6 +248,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.final_eval_iters = max(args.eval_iters, args.final_eval_iters or (64 if gpu else 16))
     if args.seq_len > SIZES[args.size].block_size:
         p.error(f"--seq-len {args.seq_len} > block size {SIZES[args.size].block_size} of --size {args.size}")
+    if args.lr_schedule == "wsd" and not (args.lr_decay_frac > 0 and args.lr_warmup_frac + args.lr_decay_frac <= 1):
+        p.error(f"--lr-decay-frac {args.lr_decay_frac} with --lr-warmup-frac {args.lr_warmup_frac}: expected a decay "
+                "> 0 that fits after the warm-up (the two summing to <= 1)")  # fmt: skip
+    # the phases' defaults follow the lr's shape, as PhaseCallback's do: under wsd dense for the first 5% and
+    # through the decay (PhaseSchedule.until_lr_decay), else 10% / 40%; a flag given wins
+    wsd = args.lr_schedule == "wsd"
+    if args.warmup_frac is None:
+        args.warmup_frac = LR_DECAY_WARMUP_FRAC if wsd else WARMUP_FRAC
+    if args.final_dense_frac is None:
+        args.final_dense_frac = _lr_decay_steps(args) / args.steps if wsd else FINAL_DENSE_FRAC
     try:  # the schedule's own rules (fractions in [0, 1] summing to <= 1, dense_every 0 or >= 2)
         args.schedule = sparse_compile.PhaseSchedule.from_fractions(
             args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every
@@ -251,9 +267,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"{flags} {args.dense_every}: {e}")
     if not args.lr > 0:
         p.error(f"--lr {args.lr}: expected > 0")
-    if args.lr_schedule == "wsd" and not (args.lr_decay_frac > 0 and args.lr_warmup_frac + args.lr_decay_frac <= 1):
-        p.error(f"--lr-decay-frac {args.lr_decay_frac} with --lr-warmup-frac {args.lr_warmup_frac}: expected a decay "
-                "> 0 that fits after the warm-up (the two summing to <= 1)")  # fmt: skip
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if not runs or any(r not in ("dense", "sparse") for r in runs):
         p.error(f"--runs {args.runs!r}: expected a comma-separated subset of dense,sparse")
@@ -448,6 +461,12 @@ CHECKED_ARGS = (
     "lr_decay_frac",
 )  # fmt: skip
 CHECKED_SINCE = {"lr_schedule": "cosine", "lr_decay_frac": 0.1}  # what a checkpoint without the argument ran with
+
+
+def checked_args(args: argparse.Namespace) -> dict:
+    """The arguments a checkpoint holds and --resume must match: CHECKED_ARGS, less --lr-decay-frac under
+    cosine, where it does nothing (a cosine run resumes whatever that flag's default)."""
+    return {k: getattr(args, k) for k in CHECKED_ARGS if k != "lr_decay_frac" or args.lr_schedule == "wsd"}
 
 
 def train_one(
@@ -741,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header, flush=True)
     ckpt = None
     if args.save_every or args.stop_at or args.time_limit or args.resume:
-        checked = {k: getattr(args, k) for k in CHECKED_ARGS}
+        checked = checked_args(args)
         try:
             ckpt = (
                 checkpoint.load(args.resume, checked, CHECKED_SINCE)

@@ -14,6 +14,11 @@ PHASES = ("sparse", "dense")
 # at equal steps but gains less; 80% sparse gains about as much and ends further behind at equal steps.
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
+# Under a warm-up-stable-decay learning rate (constant peak, then a final decay): dense for the first 5%,
+# sparse at the peak, dense through the decay (PhaseSchedule.until_lr_decay). The sparse model closes its
+# gap to dense while the lr is high and the dense decay turns it over; under cosine, whose lr falls all
+# run, the same fractions end behind (bench/RESULTS.md, 6c).
+LR_DECAY_WARMUP_FRAC = 0.05
 _current = "sparse"
 
 
@@ -87,6 +92,35 @@ class PhaseSchedule:
             raise ValueError(f"PhaseSchedule.from_fractions: warmup + final_dense = {warmup + final_dense} > 1")
         start = round(total_steps * warmup)
         return cls(start, max(start, total_steps - round(total_steps * final_dense)), dense_every)
+
+    @classmethod
+    def until_lr_decay(
+        cls,
+        total_steps: int,
+        decay_steps: int,
+        warmup: float = LR_DECAY_WARMUP_FRAC,
+        dense_every: int = 0,
+    ) -> "PhaseSchedule":
+        """For a warm-up-stable-decay learning rate whose last ``decay_steps`` of ``total_steps`` decay
+        it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
+        through the decay (with a 15% decay: 80% of the steps sparse). Not for cosine, whose lr falls
+        from the warm-up on: there the sparse steps would run at a falling lr (use ``from_fractions``)."""
+        if not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")
+        if not isinstance(decay_steps, int) or not 0 < decay_steps <= total_steps:
+            raise ValueError(
+                f"PhaseSchedule.until_lr_decay: decay_steps={decay_steps!r}: expected an int in [1, total_steps "
+                f"= {total_steps}] (the steps of the lr's final decay)"
+            )
+        if not 0.0 <= warmup <= 1.0:
+            raise ValueError(f"PhaseSchedule.until_lr_decay: warmup={warmup!r}: expected a fraction in [0, 1]")
+        start, end = round(total_steps * warmup), total_steps - decay_steps
+        if start > end:
+            raise ValueError(
+                f"PhaseSchedule.until_lr_decay: the dense warm-up ({start} steps, warmup={warmup}) runs past the "
+                f"decay's start (step {end} of {total_steps})"
+            )
+        return cls(start, end, dense_every)
 
     def phase_at(self, step: int) -> str:
         if not self.in_sparse_window(step):

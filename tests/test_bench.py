@@ -238,6 +238,7 @@ def test_wsd_learning_rate_holds_the_peak_then_decays_linearly_to_a_tenth(capsys
     from bench.train import _lr, _lr_text, parse_args
 
     argv = ["--device", "cpu", "--steps", "100", "--lr", "0.002", "--lr-warmup-frac", "0.2", "--lr-schedule", "wsd"]
+    argv += ["--lr-decay-frac", "0.1"]
     args = parse_args(argv)
     want = {0: 0.002 / 20, 19: 0.002, 20: 0.002, 89: 0.002, 90: 0.002 * 0.91, 94: 0.002 * 0.55, 99: 0.0002}
     for step, lr in want.items():
@@ -250,6 +251,30 @@ def test_wsd_learning_rate_holds_the_peak_then_decays_linearly_to_a_tenth(capsys
     with pytest.raises(SystemExit):
         parse_args([*argv, "--lr-decay-frac", "0"])
     assert parse_args(["--device", "cpu"]).lr_schedule == "cosine"
+
+
+@pytest.mark.parametrize(("steps", "decay"), [(3200, None), (150, None), (2400, "0.1"), (97, "0.33")])
+def test_wsd_phases_default_to_dense_through_the_decay(steps, decay):
+    """With --lr-schedule wsd and no phase flags the run is dense for the first 5% and from the last step at
+    the peak lr on (PhaseSchedule.until_lr_decay, as PhaseCallback's default); a phase flag given wins, and
+    cosine keeps 10% / 40%."""
+    from bench.train import _lr, parse_args
+    from sparse_compile import PhaseSchedule
+
+    argv = ["--device", "cpu", "--steps", str(steps), "--lr-schedule", "wsd", "--lr-warmup-frac", "0.05"]
+    args = parse_args(argv + (["--lr-decay-frac", decay] if decay else []))
+    peak = [s for s in range(steps) if _lr(s, args) == args.lr]
+    decay_steps = steps - 1 - peak[-1]  # from the lr itself: every step after the last at the peak
+    assert decay_steps == int(steps * float(decay or 0.15) + 1e-9)
+    assert (
+        args.schedule
+        == PhaseSchedule.until_lr_decay(steps, decay_steps)
+        == PhaseSchedule(round(steps * 0.05), peak[-1] + 1)
+    )
+    assert parse_args(argv + ["--final-dense-frac", "0.4"]).schedule == PhaseSchedule.from_fractions(steps, 0.05, 0.4)
+    assert parse_args(argv + ["--warmup-frac", "0.1"]).schedule.dense_warmup_steps == round(steps * 0.1)
+    cosine = parse_args(["--device", "cpu", "--steps", str(steps)])
+    assert cosine.schedule == PhaseSchedule.from_fractions(steps, 0.1, 0.4)
 
 
 def test_bad_argument_exits_non_zero_from_the_command_line():
@@ -462,20 +487,24 @@ def test_resume_of_a_checkpoint_older_than_an_argument_takes_what_it_ran(tmp_pat
     """A checkpoint written before --lr-schedule existed ran cosine (and the default --lr-decay-frac):
     it resumes under those and is refused under wsd."""
     from bench import checkpoint
-    from bench.train import CHECKED_ARGS, CHECKED_SINCE, main, parse_args
+    from bench.train import CHECKED_SINCE, checked_args, main, parse_args
 
     common = ["--batch-size", "2", "--seq-len", "64", "--no-progress", "--data-dir", str(tmp_path / "data")]
     out = tmp_path / "old"
     assert main([*common, "--steps", "4", "--runs", "dense", "--out", str(out), "--stop-at", "2"]) == 0
     ckpt = checkpoint.load(out, {})
-    for key in CHECKED_SINCE:  # as an older bench.train wrote it
-        del ckpt.args[key]
+    for key in CHECKED_SINCE:  # as an older bench.train wrote it (a cosine run holds no lr_decay_frac now)
+        ckpt.args.pop(key, None)
     checkpoint.save(out, ckpt)
     args = parse_args([*common, "--steps", "4", "--runs", "dense"])
-    checked = {k: getattr(args, k) for k in CHECKED_ARGS}
+    checked = checked_args(args)
+    assert "lr_decay_frac" not in checked  # cosine: the flag does nothing, so a changed default resumes
     assert checkpoint.load(out, checked, CHECKED_SINCE).args == ckpt.args
     with pytest.raises(ValueError, match="lr_schedule"):
         checkpoint.load(out, checked | {"lr_schedule": "wsd"}, CHECKED_SINCE)
+    wsd = checked_args(parse_args([*common, "--steps", "4", "--runs", "dense", "--lr-schedule", "wsd"]))
+    with pytest.raises(ValueError, match=r"'lr_decay_frac': \(0.1, 0.15\)"):  # an old wsd run decayed 10%
+        checkpoint.load(out, wsd | {"lr_schedule": "cosine"}, CHECKED_SINCE)
     with pytest.raises(ValueError, match="lr_schedule"):
         checkpoint.load(out, checked)  # without the defaults, a missing argument reads as changed
     assert main([*common, "--steps", "4", "--runs", "dense", "--lr-schedule", "wsd", "--resume", str(out)]) == 2

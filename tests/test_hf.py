@@ -323,6 +323,47 @@ def test_callback_events_without_training():
     assert evaluated == ["dense", "sparse", "sparse", "sparse", "dense"]
 
 
+def test_default_schedule_follows_the_lr_schedule(tmp_path):
+    """Under a warm-up-stable-decay lr the default runs dense from the step transformers' own scheduler
+    first leaves the peak; under any other, from_fractions' 10% / 40%."""
+
+    def args(**kwargs):
+        return transformers.TrainingArguments(
+            output_dir=str(tmp_path), max_steps=200, report_to="none", use_cpu=True, **kwargs
+        )
+
+    def decay_start(a):  # the last step at the peak lr, from the scheduler the Trainer builds
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = transformers.get_scheduler(
+            a.lr_scheduler_type, opt, num_warmup_steps=a.get_warmup_steps(200), num_training_steps=200,
+            scheduler_specific_kwargs=a.lr_scheduler_kwargs,
+        )  # fmt: skip
+        lrs = []
+        for _ in range(200):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return max(i for i, lr in enumerate(lrs) if lr == pytest.approx(1.0))
+
+    assert hf.default_schedule(args(), 200) == PhaseSchedule.from_fractions(200) == PhaseSchedule(20, 120)
+    assert hf.default_schedule(args(lr_scheduler_type="cosine"), 200) == PhaseSchedule(20, 120)
+    for kwargs in ({"num_decay_steps": 30}, {"num_decay_steps": 30, "num_stable_steps": 150}):
+        wsd = args(lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs=kwargs, warmup_steps=10)
+        schedule = hf.default_schedule(wsd, 200)
+        assert schedule.dense_warmup_steps == 10  # 5% of 200
+        assert schedule.dense_from_step == decay_start(wsd)  # 170, or 160 after 10 + 150
+        callback = PhaseCallback()  # what the Trainer's callback builds
+        callback.on_train_begin(wsd, transformers.TrainerState(max_steps=200), transformers.TrainerControl())
+        assert callback.schedule == schedule
+    too_long = args(
+        lr_scheduler_type="warmup_stable_decay",
+        lr_scheduler_kwargs={"num_decay_steps": 30, "num_stable_steps": 195},
+        warmup_steps=10,
+    )
+    with pytest.raises(ValueError, match=r"num_stable_steps.*leaves -5 decay steps"):
+        hf.default_schedule(too_long, 200)
+
+
 def test_callback_rejects_accelerate_compile(tmp_path):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=1, torch_compile=True, report_to="none", use_cpu=True

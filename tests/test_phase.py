@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 import sparse_compile
@@ -46,6 +48,24 @@ def test_schedule_from_fractions():
         PhaseSchedule.from_fractions(100, warmup=1.5, final_dense=0.0)
     with pytest.raises(ValueError, match="> 1"):
         PhaseSchedule.from_fractions(100, warmup=0.6, final_dense=0.6)
+
+
+def test_schedule_until_lr_decay():
+    s = PhaseSchedule.until_lr_decay(200, 30)  # dense 5% = 10 steps, sparse to the decay at 170, dense after
+    assert [s.phase_at(i) for i in (0, 9, 10, 169, 170, 199)] == ["dense"] * 2 + ["sparse"] * 2 + ["dense"] * 2
+    assert sum(s.phase_at(i) == "sparse" for i in range(200)) == 160  # 80% of the steps
+    assert PhaseSchedule.until_lr_decay(200, 30, warmup=0.1, dense_every=4) == PhaseSchedule(20, 170, 4)
+    assert PhaseSchedule.until_lr_decay(100, 100, warmup=0.0) == PhaseSchedule(0, 0)  # all decay: all dense
+    for kwargs, match in (
+        ({"total_steps": 100, "decay_steps": 0}, "decay_steps=0"),
+        ({"total_steps": 100, "decay_steps": 101}, "decay_steps=101"),
+        ({"total_steps": 100, "decay_steps": 15.0}, "decay_steps=15.0"),
+        ({"total_steps": 0, "decay_steps": 1}, "total_steps=0"),
+        ({"total_steps": 100, "decay_steps": 15, "warmup": -0.1}, "warmup=-0.1"),
+        ({"total_steps": 100, "decay_steps": 90, "warmup": 0.2}, "past the decay's start"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(match)):
+            PhaseSchedule.until_lr_decay(**kwargs)
 
 
 def test_schedule_dense_every_kth_step_of_the_sparse_window():

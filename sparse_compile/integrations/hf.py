@@ -63,7 +63,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from sparse_compile.options import BackendOptions
 from sparse_compile.phase import PHASES, PhaseSchedule, phase, set_phase
 
-__all__ = ["PhaseCallback", "compile_sparse"]
+__all__ = ["PhaseCallback", "compile_sparse", "default_schedule"]
 
 # the key PhaseCallback adds to the Trainer's training logs
 LOG_KEY = "sparse_phase"
@@ -100,13 +100,39 @@ def compile_sparse(
     return model
 
 
+def default_schedule(args: TrainingArguments, max_steps: int) -> PhaseSchedule:
+    """The schedule ``PhaseCallback`` builds when given none, from the Trainer's learning-rate schedule.
+
+    ``lr_scheduler_type="warmup_stable_decay"``: ``PhaseSchedule.until_lr_decay``, dense through the lr's
+    decay (the last ``num_decay_steps`` of ``lr_scheduler_kwargs``; with ``num_stable_steps``, from the
+    warm-up's and the stable steps' end). Any other (linear, cosine, ...: an lr that falls from the
+    warm-up on): ``PhaseSchedule.from_fractions(max_steps)``. Both are the recipes measured for their lr
+    shape (bench/RESULTS.md, 6c).
+    """
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    if kind != "warmup_stable_decay":
+        return PhaseSchedule.from_fractions(max_steps)
+    kwargs = args.lr_scheduler_kwargs or {}
+    decay, stable = kwargs.get("num_decay_steps"), kwargs.get("num_stable_steps")
+    if stable is not None:  # get_wsd_schedule: the decay starts after the warm-up and the stable steps
+        decay = max_steps - args.get_warmup_steps(max_steps) - stable
+    if not isinstance(decay, int) or not 0 < decay <= max_steps:
+        raise ValueError(
+            f"PhaseCallback: lr_scheduler_type 'warmup_stable_decay' with lr_scheduler_kwargs={kwargs!r} over "
+            f"{max_steps} steps leaves {decay!r} decay steps: expected an int in [1, {max_steps}] to run dense "
+            "(or give PhaseCallback a PhaseSchedule)"
+        )
+    return PhaseSchedule.until_lr_decay(max_steps, decay)
+
+
 class PhaseCallback(TrainerCallback):
     """Sets the phase of every model compiled with ``backend="sparse"`` at each optimizer step of
     ``Trainer.train()``, from a ``PhaseSchedule``.
 
     ``schedule``: indexed by the Trainer's optimizer step (``state.global_step``, from 0). None (the
-    default): ``PhaseSchedule.from_fractions(state.max_steps)``, built when training begins (its
-    default fractions: dense for the first 10% and the last 40% of the steps).
+    default): ``default_schedule(args, state.max_steps)``, built when training begins: under a
+    warm-up-stable-decay lr dense for the first 5% and through the lr's decay, sparse between; under any
+    other lr dense for the first 10% and the last 40% of the steps.
     ``eval_phase``: the phase evaluation during training runs in. None (the default): the schedule's
     window at the optimizer step that ran just before it, as ``bench/train.py`` evaluates: sparse
     inside the sparse window (``dense_every``'s dense steps included), dense in the warm-up and the
@@ -159,7 +185,7 @@ class PhaseCallback(TrainerCallback):
                 "torch_compile off and compile the model first: sparse_compile.integrations.hf.compile_sparse(model)"
             )
         self._previous = phase()
-        self.schedule = self.given if self.given is not None else PhaseSchedule.from_fractions(state.max_steps)
+        self.schedule = self.given if self.given is not None else default_schedule(args, state.max_steps)
         self._steps = self._sparse_steps = 0
         set_phase(self._eval_phase(state.global_step))  # for an evaluation before the first step (eval_on_start)
 
