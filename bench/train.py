@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -41,7 +42,7 @@ from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, Spars
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.ops import routes
 from sparse_compile.passes.size_rule import small_ffn_bound
-from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
+from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
 from sparse_compile.report import Report, run_line
 
 SEGMENTS = ("warmup", "sparse", "final")
@@ -123,9 +124,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lr-decay-frac",
         type=_fraction,
-        default=0.15,
+        default=LR_DECAY_FRAC,
         help="with --lr-schedule wsd: the last fraction of the steps over which the learning rate decays (default "
-        "0.15)",
+        f"{LR_DECAY_FRAC})",
     )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
     p.add_argument(
@@ -254,10 +255,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # the phases' defaults follow the lr's shape, as PhaseCallback's do: under wsd dense for the first 5% and
     # through the decay (PhaseSchedule.until_lr_decay), else 10% / 40%; a flag given wins
     wsd = args.lr_schedule == "wsd"
-    if args.warmup_frac is None:
-        args.warmup_frac = LR_DECAY_WARMUP_FRAC if wsd else WARMUP_FRAC
     if args.final_dense_frac is None:
         args.final_dense_frac = _lr_decay_steps(args) / args.steps if wsd else FINAL_DENSE_FRAC
+    if args.warmup_frac is None:  # under wsd at most what the decay leaves (a decay of 97% leaves 3%)
+        args.warmup_frac = min(LR_DECAY_WARMUP_FRAC, round(1.0 - args.final_dense_frac, 9)) if wsd else WARMUP_FRAC
     try:  # the schedule's own rules (fractions in [0, 1] summing to <= 1, dense_every 0 or >= 2)
         args.schedule = sparse_compile.PhaseSchedule.from_fractions(
             args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every
@@ -463,7 +464,7 @@ CHECKED_ARGS = (
 CHECKED_SINCE = {"lr_schedule": "cosine", "lr_decay_frac": 0.1}  # what a checkpoint without the argument ran with
 
 
-def checked_args(args: argparse.Namespace) -> dict:
+def checked_args(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments a checkpoint holds and --resume must match: CHECKED_ARGS, less --lr-decay-frac under
     cosine, where it does nothing (a cosine run resumes whatever that flag's default)."""
     return {k: getattr(args, k) for k in CHECKED_ARGS if k != "lr_decay_frac" or args.lr_schedule == "wsd"}

@@ -7,7 +7,7 @@ from tabulate import tabulate
 
 from sparse_compile.passes import SiteRecord
 from sparse_compile.passes.size_rule import SMALL_REASON, graphs_pay, small_ffn_bound
-from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
+from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
 from sparse_compile.schema import SparsityConfig
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
@@ -38,7 +38,6 @@ RUN_LINE = (
     "1 / ({wsd_dense:g} + {wsd_sparse:g} / s); what a run gains at the dense run's loss is measured in "
     "bench/RESULTS.md section 6c"
 )
-LR_DECAY_FRAC = 0.15  # the lr decay the until_lr_decay recipe was measured with (bench/RESULTS.md, 6c)
 NO_GRAPHS_NOTE = (
     "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "
     "dense by the size rule without CUDA graphs"

@@ -325,7 +325,8 @@ def test_callback_events_without_training():
 
 def test_default_schedule_follows_the_lr_schedule(tmp_path):
     """Under a warm-up-stable-decay lr the default runs dense from the step transformers' own scheduler
-    first leaves the peak; under any other, from_fractions' 10% / 40%."""
+    starts its decay at (its last step at the peak), after a 5% dense warm-up whatever the lr's warm-up;
+    under any other lr, from_fractions' 10% / 40%."""
 
     def args(**kwargs):
         return transformers.TrainingArguments(
@@ -348,10 +349,10 @@ def test_default_schedule_follows_the_lr_schedule(tmp_path):
     assert hf.default_schedule(args(), 200) == PhaseSchedule.from_fractions(200) == PhaseSchedule(20, 120)
     assert hf.default_schedule(args(lr_scheduler_type="cosine"), 200) == PhaseSchedule(20, 120)
     for kwargs in ({"num_decay_steps": 30}, {"num_decay_steps": 30, "num_stable_steps": 150}):
-        wsd = args(lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs=kwargs, warmup_steps=10)
+        wsd = args(lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs=kwargs, warmup_steps=30)
         schedule = hf.default_schedule(wsd, 200)
-        assert schedule.dense_warmup_steps == 10  # 5% of 200
-        assert schedule.dense_from_step == decay_start(wsd)  # 170, or 160 after 10 + 150
+        assert schedule.dense_warmup_steps == 10  # 5% of 200, not the lr's 30
+        assert schedule.dense_from_step == decay_start(wsd)  # 170, or 180 after 30 + 150
         callback = PhaseCallback()  # what the Trainer's callback builds
         callback.on_train_begin(wsd, transformers.TrainerState(max_steps=200), transformers.TrainerControl())
         assert callback.schedule == schedule
@@ -359,7 +360,7 @@ def test_default_schedule_follows_the_lr_schedule(tmp_path):
         lr_scheduler_type="warmup_stable_decay",
         lr_scheduler_kwargs={"num_decay_steps": 30, "num_stable_steps": 195},
         warmup_steps=10,
-    )
+    )  # 10 + 195 > 200
     with pytest.raises(ValueError, match=r"num_stable_steps.*leaves -5 decay steps"):
         hf.default_schedule(too_long, 200)
 

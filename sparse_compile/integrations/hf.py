@@ -103,11 +103,12 @@ def compile_sparse(
 def default_schedule(args: TrainingArguments, max_steps: int) -> PhaseSchedule:
     """The schedule ``PhaseCallback`` builds when given none, from the Trainer's learning-rate schedule.
 
-    ``lr_scheduler_type="warmup_stable_decay"``: ``PhaseSchedule.until_lr_decay``, dense through the lr's
-    decay (the last ``num_decay_steps`` of ``lr_scheduler_kwargs``; with ``num_stable_steps``, from the
-    warm-up's and the stable steps' end). Any other (linear, cosine, ...: an lr that falls from the
-    warm-up on): ``PhaseSchedule.from_fractions(max_steps)``. Both are the recipes measured for their lr
-    shape (bench/RESULTS.md, 6c).
+    ``lr_scheduler_type="warmup_stable_decay"``: ``PhaseSchedule.until_lr_decay``, dense from the step
+    transformers' decay phase starts at (its last step at the peak): the last ``num_decay_steps`` of
+    ``lr_scheduler_kwargs``, or with ``num_stable_steps`` from the warm-up's and the stable steps' end. Any
+    other (an lr that falls from the warm-up on: linear, cosine, ...): ``PhaseSchedule.from_fractions
+    (max_steps)``. bench/RESULTS.md 6c measured the first under a linear decay to 0.1x (transformers'
+    default decay is a cosine to 0) and the second under a cosine to 0.1x.
     """
     kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
     if kind != "warmup_stable_decay":
