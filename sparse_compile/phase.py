@@ -85,7 +85,8 @@ class PhaseSchedule:
     ) -> "PhaseSchedule":
         """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
         (and every ``dense_every``-th step between). The defaults (10% / 40%: half the steps sparse) are
-        the default pattern's recipe, the schedule its quality and whole-run time were measured with."""
+        the default pattern's recipe under an lr that falls from its warm-up on (measured under cosine);
+        under a warm-up-stable-decay lr, ``until_lr_decay`` runs more of the run sparse."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")
