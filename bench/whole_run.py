@@ -13,6 +13,7 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   at which the recipe's final loss equals the target, linear (in steps and in wall time) between
   the two budgets, in steps, that bracket it. Wall times are a speed figure only for runs that had
   the GPU alone (bench.sweep --parallel 1, or one run per GPU); k, the steps ratio, holds either way.
+  Runs whose summaries name different devices (a budget and its dense run) get no wall ratio, "-";
   A recipe whose every budget ends above the target has none ("not reached", with the gap of its
   largest budget and, as an upper bound, the dense wall time over that budget's);
   one whose smallest budget already ends below it gets that budget's ratio as a lower bound (">=");
@@ -55,6 +56,7 @@ class Run:
     sparse_frac: float  # fraction of the steps that ran sparse
     wall_with_compiles_s: float | None = None  # the logged intervals' sum, compiles included
     steady: bool = False  # wall_s from the summary's timed tokens/s
+    device: str | None = None  # the summary's "device:" line (None: no summary or no such line)
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -83,10 +85,15 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
         sparse = sparse if scheduled is None else scheduled
     rate = steady_tokens_per_s(summary, name, previous)
     steady = wall if rate is None else previous * tokens_per_step / rate
-    return Run(previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None)
+    device = _DEVICE.search(summary_text(summary, previous))
+    return Run(
+        previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
+        device.group(1).strip() if device else None,
+    )  # fmt: skip
 
 
 _STEPS = re.compile(r"^model \S+ \([^)]*\), (\d+) steps x ", re.M)
+_DEVICE = re.compile(r"^device: (.+)$", re.M)
 _SCHEDULE = re.compile(r"schedule: dense steps \[0, (\d+)\), sparse \[\d+, (\d+)\)(?: with one step in (\d+) dense)?")
 
 
@@ -213,6 +220,17 @@ def _with_compiles(dense: list[Run], run: Run) -> str:
     return f"{dense_wall / run.wall_with_compiles_s:.3f}x"
 
 
+def other_devices(budget: Run, own: Run | None, targets: list[Run]) -> str | None:
+    """Why ``budget``'s wall time cannot be set against its dense run's: "A against B" where the summaries
+    name different devices (the budget against its own dense run where it has one, else against the
+    target's dense runs, which must share one); None where they agree or a device is unknown."""
+    dense = [own] if own is not None else targets
+    named = {r.device for r in [budget, *dense] if r.device is not None}
+    if len(named) < 2:
+        return None
+    return f"{budget.device or 'unknown'} against {', '.join(sorted({r.device or 'unknown' for r in dense}))}"
+
+
 def _pairs(values: list[str], what: str) -> dict[str, str]:
     out = {}
     for v in values:
@@ -272,18 +290,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"{name}: {log} against {own_log} (gap {gap:+.2%}), put onto the target")
         iso = iso_quality(dense_wall, base.steps, target, budgets)
         same = [b for b in budgets if b.steps == base.steps]
+        # walls on different devices are no speedup: k and the projections (from k alone) still hold
+        differ = [(log, d) for (log, _), b, o in zip(files[i], budgets, owns[i], strict=True)
+                  if (d := other_devices(b, o, targets)) is not None]  # fmt: skip
+        for log, d in differ:
+            print(f"{name}: {log} ran on {d}: its wall time is not compared")
+        unlike = "- (devices differ)" if differ else None
         row = {
             "recipe": name,
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
-            "wall vs dense, same steps": f"{dense_wall / same[0].wall_s:.3f}x" if same else "-",
-            "the same with compiles": _with_compiles(targets, same[0]) if same else "-",
+            "wall vs dense, same steps": unlike or (f"{dense_wall / same[0].wall_s:.3f}x" if same else "-"),
+            "the same with compiles": unlike or (_with_compiles(targets, same[0]) if same else "-"),
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
-            "iso-quality speedup (wall time: runs alone only)": f"not reached (<{iso.upper:.3f}x)"
-            if iso.speedup is None
-            else f"{iso.bound}{iso.speedup:.3f}x",
+            "iso-quality speedup (wall time: runs alone only)": unlike
+            or (f"not reached (<{iso.upper:.3f}x)" if iso.speedup is None else f"{iso.bound}{iso.speedup:.3f}x"),
         }
         for size, s in speedups.items():  # a smaller k is a larger speedup: the bound flips
             if iso.steps_ratio is None:  # k above the largest budget's ratio: the speedup below its projection

@@ -211,3 +211,43 @@ def test_a_budget_from_another_sweep_is_taken_against_its_own_dense_run(tmp_path
     short = _log(tmp_path / "short.csv", {"dense": [(90, "dense", 1000, 1.9)]})
     with pytest.raises(SystemExit, match="ran 90 steps, the target's dense 100"):
         main(["--dense", d, "--recipe", f"r={b1},{b2}@{short}", "--tokens-per-step", "1000"])
+
+
+def test_walls_on_different_devices_are_not_compared(tmp_path, capsys):
+    """A budget whose summary names another device than its dense run's gets no wall ratio or iso-quality
+    speedup (an H200 run against an H100 one is no speedup); k and the projection, from losses and steps
+    alone, stay. A budget beside its own dense run on its own device is compared with that run."""
+
+    def run(name, device, tps, val, run="sparse"):
+        folder = tmp_path / name
+        folder.mkdir()
+        schedule = (
+            "" if run == "dense" else "\nsparse: SparsityConfig(...); schedule: dense steps [0, 10), sparse [10, 90)"
+        )
+        (folder / "summary.txt").write_text(
+            f"model x (1M params), 100 steps x 10x100 tokens{schedule}\ndevice: {device}\n\n| | {run} |\n|---|---|\n"
+            f"| tokens/s, whole run | {tps} |\n"
+        )
+        rows = [(100, "dense", tps, val)] if run == "dense" else [(10, "dense", tps, ""), (100, "sparse", tps, val)]
+        return _log(folder / "log.csv", {run: rows})
+
+    d = run("d", "GPU A", 1000, 2.0, "dense")
+    here, there = run("here", "GPU A", 1250, 2.1), run("there", "GPU B", 2000, 2.1)
+    rows = main(
+        ["--dense", d, "--recipe", f"a={here}", f"b={there}", "--step-speedup", "x=1.5", "--tokens-per-step", "1000"]
+    )
+    a, b = rows
+    assert a["wall vs dense, same steps"] == "1.250x" and a["iso-quality speedup (wall time: runs alone only)"] != "-"
+    for key in (
+        "wall vs dense, same steps",
+        "the same with compiles",
+        "iso-quality speedup (wall time: runs alone only)",
+    ):
+        assert b[key] == "- (devices differ)", key
+    assert b["largest budget vs dense"] == a["largest budget vs dense"] == "+5.00%"
+    assert b["projection x (s=1.5)"] == a["projection x (s=1.5)"]
+    assert f"b: {there} ran on GPU B against GPU A: its wall time is not compared" in capsys.readouterr().out
+    # beside its own dense run on GPU B: compared with that one, put onto the target
+    own = run("own", "GPU B", 2000, 2.0, "dense")
+    (c,) = main(["--dense", d, "--recipe", f"c={there}@{own}", "--tokens-per-step", "1000"])
+    assert c["wall vs dense, same steps"] == "1.000x"
