@@ -42,7 +42,7 @@ from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, Spars
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.ops import routes
 from sparse_compile.passes.size_rule import small_ffn_bound
-from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
+from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, WARMUP_FRAC
 from sparse_compile.report import Report, run_line
 
 SEGMENTS = ("warmup", "sparse", "final")
@@ -129,17 +129,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{LR_DECAY_FRAC})",
     )
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of 2-D weights")
-    p.add_argument(
-        "--warmup-frac",
-        type=_fraction,
-        help=f"dense warm-up: first fraction of steps (default {WARMUP_FRAC}; with --lr-schedule wsd "
-        f"{LR_DECAY_WARMUP_FRAC})",
-    )
+    p.add_argument("--warmup-frac", type=_fraction, default=WARMUP_FRAC, help="dense warm-up: first fraction of steps")
     p.add_argument(
         "--final-dense-frac",
         type=_fraction,
-        help=f"dense recovery: last fraction of steps (default {FINAL_DENSE_FRAC}; with --lr-schedule wsd the lr's "
-        "decay, PhaseSchedule.until_lr_decay; their measured quality: bench/RESULTS.md)",
+        default=FINAL_DENSE_FRAC,
+        help="dense recovery: last fraction of steps, under either --lr-schedule (its measured quality: "
+        "bench/RESULTS.md; with wsd, --warmup-frac 0.05 --final-dense-frac 0.15 is PhaseSchedule.until_lr_decay's "
+        "recipe at the default decay)",
     )
     p.add_argument(
         "--sparsity",
@@ -252,13 +249,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.lr_schedule == "wsd" and not (args.lr_decay_frac > 0 and args.lr_warmup_frac + args.lr_decay_frac <= 1):
         p.error(f"--lr-decay-frac {args.lr_decay_frac} with --lr-warmup-frac {args.lr_warmup_frac}: expected a decay "
                 "> 0 that fits after the warm-up (the two summing to <= 1)")  # fmt: skip
-    # the phases' defaults follow the lr's shape, as PhaseCallback's do: under wsd dense for the first 5% and
-    # through the decay (PhaseSchedule.until_lr_decay), else 10% / 40%; a flag given wins
-    wsd = args.lr_schedule == "wsd"
-    if args.final_dense_frac is None:
-        args.final_dense_frac = _lr_decay_steps(args) / args.steps if wsd else FINAL_DENSE_FRAC
-    if args.warmup_frac is None:  # under wsd at most what the decay leaves (a decay of 97% leaves 3%)
-        args.warmup_frac = min(LR_DECAY_WARMUP_FRAC, round(1.0 - args.final_dense_frac, 9)) if wsd else WARMUP_FRAC
     try:  # the schedule's own rules (fractions in [0, 1] summing to <= 1, dense_every 0 or >= 2)
         args.schedule = sparse_compile.PhaseSchedule.from_fractions(
             args.steps, args.warmup_frac, args.final_dense_frac, args.dense_every

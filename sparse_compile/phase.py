@@ -9,15 +9,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PHASES = ("sparse", "dense")
-# The default recipe: dense for the first 10% and the last 40% of the steps, half the run sparse.
-# Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a quarter sparse ends closer
-# at equal steps but gains less; 80% sparse gains about as much and ends further behind at equal steps.
+# The default recipe, under any learning-rate schedule: dense for the first 10% and the last 40% of the
+# steps, half the run sparse. Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a
+# quarter sparse ends closer at equal steps but gains less; 80% sparse ends further behind at equal steps.
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
-# Under a warm-up-stable-decay learning rate (constant peak, then a final decay): dense for the first 5%,
-# sparse at the peak, dense through the decay (PhaseSchedule.until_lr_decay). The sparse model closes its
-# gap to dense while the lr is high and the dense decay turns it over; under cosine, whose lr falls all
-# run, the same 15% tail ends behind (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the decay it was measured with.
+# PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
+# dense for the first 5%, sparse at the peak, dense through the decay. Not the default: it ties the dense
+# run only where the peak lr is too high for that dense run; at the peak lr where the dense run does best
+# it ends further behind than the default (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the decay measured.
 LR_DECAY_WARMUP_FRAC = 0.05
 LR_DECAY_FRAC = 0.15
 _current = "sparse"
@@ -85,8 +85,7 @@ class PhaseSchedule:
     ) -> "PhaseSchedule":
         """Dense for the first ``warmup`` and the last ``final_dense`` fractions of ``total_steps``
         (and every ``dense_every``-th step between). The defaults (10% / 40%: half the steps sparse) are
-        the default pattern's recipe under an lr that falls from its warm-up on (measured under cosine);
-        under a warm-up-stable-decay lr, ``until_lr_decay`` runs more of the run sparse."""
+        the default pattern's recipe under any lr schedule (measured under cosine and warm-up-stable-decay)."""
         for name, frac in (("warmup", warmup), ("final_dense", final_dense)):
             if not 0.0 <= frac <= 1.0:
                 raise ValueError(f"PhaseSchedule.from_fractions: {name}={frac!r}: expected a fraction in [0, 1]")
@@ -105,8 +104,9 @@ class PhaseSchedule:
     ) -> "PhaseSchedule":
         """For a warm-up-stable-decay learning rate whose last ``decay_steps`` of ``total_steps`` decay
         it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
-        through the decay (with a 15% decay: 80% of the steps sparse). Not for cosine, whose lr falls
-        from the warm-up on: there the sparse steps would run at a falling lr (use ``from_fractions``)."""
+        through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: it ends
+        behind the dense run at the peak lr where that run does best (``from_fractions`` ends closer), and
+        is not for cosine, whose lr falls from the warm-up on."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")
         if not isinstance(decay_steps, int) or not 0 < decay_steps <= total_steps:

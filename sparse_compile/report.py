@@ -7,7 +7,7 @@ from tabulate import tabulate
 
 from sparse_compile.passes import SiteRecord
 from sparse_compile.passes.size_rule import SMALL_REASON, graphs_pay, small_ffn_bound
-from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, LR_DECAY_WARMUP_FRAC, WARMUP_FRAC
+from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
 from sparse_compile.schema import SparsityConfig
 
 GEMMS = ("F1", "F2", "B1", "B2", "B3", "B4")
@@ -32,11 +32,8 @@ RUN_LINE = (
     "says otherwise) and as plain dense graphs in the dense phase; "
     "PhaseSchedule.from_fractions(steps), the default recipe, runs {sparse:.0%} of the steps sparse (dense the "
     "first {warmup:.0%} and the last {final:.0%}), so a sparse step s times as fast as dense makes the run "
-    "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; under a warm-up-stable-decay lr, "
-    "PhaseSchedule.until_lr_decay(steps, decay_steps) (PhaseCallback's default there) runs sparse from a "
-    "{wsd_warmup:.0%} warm-up to the decay, {wsd_sparse:.0%} of the steps with a {decay:.0%} decay: "
-    "1 / ({wsd_dense:g} + {wsd_sparse:g} / s); what a run gains at the dense run's loss is measured in "
-    "bench/RESULTS.md section 6c"
+    "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; what a run gains at the dense run's loss is "
+    "measured in bench/RESULTS.md section 6c"
 )
 NO_GRAPHS_NOTE = (
     "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "
@@ -227,8 +224,4 @@ def run_line(warmup: float = WARMUP_FRAC, final_dense: float = FINAL_DENSE_FRAC)
             f"run_line: warmup={warmup!r}, final_dense={final_dense!r}: expected fractions in [0, 1] summing to <= 1"
         )
     sparse = round(1.0 - warmup - final_dense, 6)
-    wsd_sparse = round(1.0 - LR_DECAY_WARMUP_FRAC - LR_DECAY_FRAC, 6)
-    return RUN_LINE.format(
-        sparse=sparse, warmup=warmup, final=final_dense, dense=round(1.0 - sparse, 6), wsd_warmup=LR_DECAY_WARMUP_FRAC,
-        wsd_sparse=wsd_sparse, decay=LR_DECAY_FRAC, wsd_dense=round(1.0 - wsd_sparse, 6),
-    )  # fmt: skip
+    return RUN_LINE.format(sparse=sparse, warmup=warmup, final=final_dense, dense=round(1.0 - sparse, 6))

@@ -254,30 +254,23 @@ def test_wsd_learning_rate_holds_the_peak_then_decays_linearly_to_a_tenth(capsys
 
 
 @pytest.mark.parametrize(("steps", "decay"), [(3200, None), (150, None), (2400, "0.1"), (97, "0.33")])
-def test_wsd_phases_default_to_dense_through_the_decay(steps, decay):
-    """With --lr-schedule wsd and no phase flags the run is dense for the first 5% and from the first step
-    below the peak lr on (PhaseSchedule.until_lr_decay, as PhaseCallback's default); a phase flag given wins,
-    cosine keeps 10% / 40%, and a decay that leaves less than 5% shortens the dense warm-up to fit."""
+def test_phases_default_to_10_40_under_either_lr_schedule(steps, decay):
+    """The phase flags default to from_fractions' 10% / 40% under --lr-schedule wsd as under cosine; given,
+    --warmup-frac 0.05 and --final-dense-frac at the decay's share run dense from the first step below
+    the peak lr on (PhaseSchedule.until_lr_decay's recipe)."""
     from bench.train import _lr, parse_args
     from sparse_compile import PhaseSchedule
 
     argv = ["--device", "cpu", "--steps", str(steps), "--lr-schedule", "wsd", "--lr-warmup-frac", "0.05"]
-    args = parse_args(argv + (["--lr-decay-frac", decay] if decay else []))
-    peak = [s for s in range(steps) if _lr(s, args) == args.lr]
+    argv += ["--lr-decay-frac", decay] if decay else []
+    assert parse_args(argv).schedule == PhaseSchedule.from_fractions(steps, 0.1, 0.4)
+    assert parse_args(["--device", "cpu", "--steps", str(steps)]).schedule == PhaseSchedule.from_fractions(steps)
+    peak = [s for s in range(steps) if _lr(s, parse_args(argv)) == parse_args(argv).lr]
     decay_steps = steps - 1 - peak[-1]  # from the lr itself: every step after the last at the peak
     assert decay_steps == int(steps * float(decay or 0.15) + 1e-9)
-    assert (
-        args.schedule
-        == PhaseSchedule.until_lr_decay(steps, decay_steps)
-        == PhaseSchedule(round(steps * 0.05), peak[-1] + 1)
-    )
-    assert parse_args(argv + ["--final-dense-frac", "0.4"]).schedule == PhaseSchedule.from_fractions(steps, 0.05, 0.4)
-    assert parse_args(argv + ["--warmup-frac", "0.1"]).schedule.dense_warmup_steps == round(steps * 0.1)
-    cosine = parse_args(["--device", "cpu", "--steps", str(steps)])
-    assert cosine.schedule == PhaseSchedule.from_fractions(steps, 0.1, 0.4)
-    long = parse_args(["--device", "cpu", "--steps", "100", "--lr-schedule", "wsd", "--lr-warmup-frac", "0.02"]
-                      + ["--lr-decay-frac", "0.97"])  # fmt: skip
-    assert long.schedule == PhaseSchedule(3, 3)  # no room to run sparse: all dense, as the user's lr asks
+    opt_in = parse_args(argv + ["--warmup-frac", "0.05", "--final-dense-frac", str(decay_steps / steps)])
+    assert opt_in.schedule == PhaseSchedule.until_lr_decay(steps, decay_steps)
+    assert opt_in.schedule.dense_from_step == peak[-1] + 1
 
 
 def test_bad_argument_exits_non_zero_from_the_command_line():

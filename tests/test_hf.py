@@ -323,46 +323,23 @@ def test_callback_events_without_training():
     assert evaluated == ["dense", "sparse", "sparse", "sparse", "dense"]
 
 
-def test_default_schedule_follows_the_lr_schedule(tmp_path):
-    """Under a warm-up-stable-decay lr the default runs dense from the step transformers' own scheduler
-    starts its decay at (its last step at the peak), after a 5% dense warm-up whatever the lr's warm-up;
-    under any other lr, from_fractions' 10% / 40%."""
+def test_default_schedule_is_from_fractions_under_any_lr_schedule(tmp_path):
+    """PhaseCallback with no schedule builds from_fractions' 10% / 40% whatever the Trainer's lr schedule:
+    under a warm-up-stable-decay lr too (until_lr_decay is an opt-in, given as the schedule)."""
 
-    def args(**kwargs):
-        return transformers.TrainingArguments(
+    def begin(schedule=None, **kwargs):
+        args = transformers.TrainingArguments(
             output_dir=str(tmp_path), max_steps=200, report_to="none", use_cpu=True, **kwargs
         )
+        callback = PhaseCallback(schedule)
+        callback.on_train_begin(args, transformers.TrainerState(max_steps=200), transformers.TrainerControl())
+        return callback.schedule
 
-    def decay_start(a):  # the last step at the peak lr, from the scheduler the Trainer builds
-        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        sched = transformers.get_scheduler(
-            a.lr_scheduler_type, opt, num_warmup_steps=a.get_warmup_steps(200), num_training_steps=200,
-            scheduler_specific_kwargs=a.lr_scheduler_kwargs,
-        )  # fmt: skip
-        lrs = []
-        for _ in range(200):
-            lrs.append(opt.param_groups[0]["lr"])
-            opt.step()
-            sched.step()
-        return max(i for i, lr in enumerate(lrs) if lr == pytest.approx(1.0))
-
-    assert hf.default_schedule(args(), 200) == PhaseSchedule.from_fractions(200) == PhaseSchedule(20, 120)
-    assert hf.default_schedule(args(lr_scheduler_type="cosine"), 200) == PhaseSchedule(20, 120)
-    for kwargs in ({"num_decay_steps": 30}, {"num_decay_steps": 30, "num_stable_steps": 150}):
-        wsd = args(lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs=kwargs, warmup_steps=30)
-        schedule = hf.default_schedule(wsd, 200)
-        assert schedule.dense_warmup_steps == 10  # 5% of 200, not the lr's 30
-        assert schedule.dense_from_step == decay_start(wsd)  # 170, or 180 after 30 + 150
-        callback = PhaseCallback()  # what the Trainer's callback builds
-        callback.on_train_begin(wsd, transformers.TrainerState(max_steps=200), transformers.TrainerControl())
-        assert callback.schedule == schedule
-    too_long = args(
-        lr_scheduler_type="warmup_stable_decay",
-        lr_scheduler_kwargs={"num_decay_steps": 30, "num_stable_steps": 195},
-        warmup_steps=10,
-    )  # 10 + 195 > 200
-    with pytest.raises(ValueError, match=r"num_stable_steps.*leaves -5 decay steps"):
-        hf.default_schedule(too_long, 200)
+    wsd = {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 30}}
+    for kwargs in ({}, {"lr_scheduler_type": "cosine"}, wsd):
+        assert begin(**kwargs) == PhaseSchedule(20, 120), kwargs
+    opt_in = PhaseSchedule.until_lr_decay(200, 30)
+    assert begin(opt_in, **wsd) == opt_in == PhaseSchedule(10, 170)
 
 
 def test_callback_rejects_accelerate_compile(tmp_path):

@@ -63,7 +63,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from sparse_compile.options import BackendOptions
 from sparse_compile.phase import PHASES, PhaseSchedule, phase, set_phase
 
-__all__ = ["PhaseCallback", "compile_sparse", "default_schedule"]
+__all__ = ["PhaseCallback", "compile_sparse"]
 
 # the key PhaseCallback adds to the Trainer's training logs
 LOG_KEY = "sparse_phase"
@@ -100,40 +100,15 @@ def compile_sparse(
     return model
 
 
-def default_schedule(args: TrainingArguments, max_steps: int) -> PhaseSchedule:
-    """The schedule ``PhaseCallback`` builds when given none, from the Trainer's learning-rate schedule.
-
-    ``lr_scheduler_type="warmup_stable_decay"``: ``PhaseSchedule.until_lr_decay``, dense from the step
-    transformers' decay phase starts at (its last step at the peak): the last ``num_decay_steps`` of
-    ``lr_scheduler_kwargs``, or with ``num_stable_steps`` from the warm-up's and the stable steps' end. Any
-    other (an lr that falls from the warm-up on: linear, cosine, ...): ``PhaseSchedule.from_fractions
-    (max_steps)``. bench/RESULTS.md 6c measured the first under a linear decay to 0.1x (transformers'
-    default decay is a cosine to 0) and the second under a cosine to 0.1x.
-    """
-    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    if kind != "warmup_stable_decay":
-        return PhaseSchedule.from_fractions(max_steps)
-    kwargs = args.lr_scheduler_kwargs or {}
-    decay, stable = kwargs.get("num_decay_steps"), kwargs.get("num_stable_steps")
-    if stable is not None:  # get_wsd_schedule: the decay starts after the warm-up and the stable steps
-        decay = max_steps - args.get_warmup_steps(max_steps) - stable
-    if not isinstance(decay, int) or not 0 < decay <= max_steps:
-        raise ValueError(
-            f"PhaseCallback: lr_scheduler_type 'warmup_stable_decay' with lr_scheduler_kwargs={kwargs!r} over "
-            f"{max_steps} steps leaves {decay!r} decay steps: expected an int in [1, {max_steps}] to run dense "
-            "(or give PhaseCallback a PhaseSchedule)"
-        )
-    return PhaseSchedule.until_lr_decay(max_steps, decay)
-
-
 class PhaseCallback(TrainerCallback):
     """Sets the phase of every model compiled with ``backend="sparse"`` at each optimizer step of
     ``Trainer.train()``, from a ``PhaseSchedule``.
 
     ``schedule``: indexed by the Trainer's optimizer step (``state.global_step``, from 0). None (the
-    default): ``default_schedule(args, state.max_steps)``, built when training begins: under a
-    warm-up-stable-decay lr dense for the first 5% and through the lr's decay, sparse between; under any
-    other lr dense for the first 10% and the last 40% of the steps.
+    default): ``PhaseSchedule.from_fractions(state.max_steps)``, built when training begins (its
+    default fractions: dense for the first 10% and the last 40% of the steps), whatever the lr schedule.
+    ``PhaseSchedule.until_lr_decay`` is the opt-in for a warm-up-stable-decay lr (80% of the steps
+    sparse; its cost in loss: bench/RESULTS.md 6c).
     ``eval_phase``: the phase evaluation during training runs in. None (the default): the schedule's
     window at the optimizer step that ran just before it, as ``bench/train.py`` evaluates: sparse
     inside the sparse window (``dense_every``'s dense steps included), dense in the warm-up and the
@@ -186,7 +161,7 @@ class PhaseCallback(TrainerCallback):
                 "torch_compile off and compile the model first: sparse_compile.integrations.hf.compile_sparse(model)"
             )
         self._previous = phase()
-        self.schedule = self.given if self.given is not None else default_schedule(args, state.max_steps)
+        self.schedule = self.given if self.given is not None else PhaseSchedule.from_fractions(state.max_steps)
         self._steps = self._sparse_steps = 0
         set_phase(self._eval_phase(state.global_step))  # for an evaluation before the first step (eval_on_start)
 
