@@ -264,14 +264,16 @@ def test_whole_run_budgets_are_their_csv():
     path = _path(next(line for line in RESULTS.splitlines() if "most-sparse_structures_budgets" in line))
     rows = _csv(path)
     table = _rows(RESULTS, WHOLE_RUN)
-    assert len(table) == 13
+    assert len(table) == 19
     for row in table:
         model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
-        size = {"126M": "", "353M": "350m: ", "1.21B": "1.3b: "}[model.split(" ")[0].rstrip(",")]
-        # bench.train's default lr warm-up (half the run) and cosine unless named
-        warm = re.search(r", (lr warm-up \d+%(?:, WSD decay \d+%)?)", model)
-        if warm:  # "350m: " -> "350m, lr warm-up 5%[, WSD decay 15%]: "; the 126M rows have no size prefix
-            size = f"{size[:-2]}, {warm.group(1)}: " if size else f"{warm.group(1)}: "
+        # "SIZE, STEPS, LR[, what else differs from bench.train's defaults] (N seeds)" -> the CSV's prefix:
+        # the size's name (none for 126M), the lr where not the size's usual one, then the rest as written
+        name, _, lr, *rest = model.rsplit(" (", 1)[0].split(", ")
+        name = name.split(" ")[0]
+        parts = {"126M": [], "353M": ["350m"], "1.21B": ["1.3b"]}[name]
+        parts += [f"lr {lr}"] * (lr != {"126M": "5e-4", "353M": "5e-4", "1.21B": "3e-4"}[name]) + rest
+        size = f"{', '.join(parts)}: " if parts else ""
         match = re.match(r"\d+% / (\d+)% / \d+%", recipe)  # dense warm-up / sparse / dense tail
         schedule, sparse = match.group(0), int(match.group(1)) / 100
         seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
