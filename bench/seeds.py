@@ -14,6 +14,8 @@ then:
 - from three seeds up, the correlation of a seed's dense and sparse finals and the unpaired
   difference of the means with its standard error: pairing narrows the band only where a seed's
   luck carries over to both of its runs (positive correlation).
+A pair whose runs' summaries name different devices gets a note naming them (here and in
+bench.sweep's tables): a seed's run differs between kinds of GPU, so pair on one kind.
 With --dense-only the folders need only a dense run: the dense final losses, their spread and
 their standard deviation over the mean (the noise band without any sparse arm).
 With --merge the seeds come from the CSVs this command (or bench.sweep) wrote instead, their
@@ -111,6 +113,30 @@ def load_against(folder: Path, dense: SeedRun) -> SeedRun:
     sparse = _require(final, "sparse", folder)
     name = f"{dense.name.split(' / ')[0].removesuffix(' (csv)')} (csv) / {folder.name}"
     return SeedRun(name, dense.dense, sparse, statistics.fmean(kept) if kept else math.nan, lead)
+
+
+# the line of bench.train's summary.txt that names the device it ran on
+DEVICE_LINE = re.compile(r"^device: (.+)$", re.M)
+
+
+def device_of(folder: Path) -> str | None:
+    """The device ``folder``'s bench.train summary.txt names (None: no summary, or no such line)."""
+    path = folder / "summary.txt"
+    found = DEVICE_LINE.search(path.read_text()) if path.is_file() else None
+    return found.group(1).strip() if found else None
+
+
+def across_devices(pairs: list[tuple[Path, Path]]) -> str:
+    """A note naming each (dense, sparse) pair of folders whose runs name different devices, or "".
+    The same seed's run is not the same computation on another kind of GPU (other kernels, other
+    reduction orders), so such a pair's difference holds that card-to-card noise besides the pattern's."""
+    found = [
+        f"{dense.name} on {a}, {sparse.name} on {b}"
+        for dense, sparse in pairs
+        if (a := device_of(dense)) is not None and (b := device_of(sparse)) is not None and a != b
+    ]
+    head = "note: pairs across devices (a seed's run differs between kinds of GPU; pair on one kind): "
+    return head + "; ".join(found) if found else ""
 
 
 def dense_finals(folders: list[Path]) -> list[float]:
@@ -253,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m bench.seeds: error: {e}", file=sys.stderr)
         return 2
     print(table(runs))
+    if note := across_devices(list(zip(args.folders, args.sparse_from or args.folders, strict=True))):
+        print(note)
     if args.csv:
         write(args.csv, runs)
     return 0

@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runs = [seeds.load(d, s) for d, s in zip(folders["dense"], fs, strict=True)]
         print(f"\n{arm}:\n{seeds.table(runs)}")
+        if not args.dense_csv and (note := seeds.across_devices(list(zip(folders["dense"], fs, strict=True)))):
+            print(note)
         seeds.write(args.out / f"{arm}_seeds.csv", runs)
     return 1 if any(j.rc not in (None, 0) for j in jobs) else 0
 

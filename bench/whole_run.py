@@ -45,6 +45,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from bench.seeds import DEVICE_LINE
 from sparse_compile import PhaseSchedule
 
 
@@ -85,7 +86,7 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
         sparse = sparse if scheduled is None else scheduled
     rate = steady_tokens_per_s(summary, name, previous)
     steady = wall if rate is None else previous * tokens_per_step / rate
-    device = _DEVICE.search(summary_text(summary, previous))
+    device = DEVICE_LINE.search(summary_text(summary, previous))
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
         device.group(1).strip() if device else None,
@@ -93,7 +94,6 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
 
 
 _STEPS = re.compile(r"^model \S+ \([^)]*\), (\d+) steps x ", re.M)
-_DEVICE = re.compile(r"^device: (.+)$", re.M)
 _SCHEDULE = re.compile(r"schedule: dense steps \[0, (\d+)\), sparse \[\d+, (\d+)\)(?: with one step in (\d+) dense)?")
 
 

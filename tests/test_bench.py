@@ -627,6 +627,31 @@ def test_seeds_pairs_runs_and_reports_the_spread(tmp_path, capsys):
     assert "2 per-seed rows for 1 folders" in capsys.readouterr().err
 
 
+def test_seeds_notes_pairs_across_devices(tmp_path, capsys):
+    """A pair whose summaries name different devices gets a note naming both runs and devices; a pair
+    on one device, or one without a summary, none."""
+    from bench.seeds import across_devices, main
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    for name, device in (("d0", h100), ("a0", h200), ("b0", h100), ("c0", None)):
+        _log(tmp_path / name, [
+            {"run": "dense", "step": 1, "phase": "dense", "val_loss": 1.0},
+            {"run": "sparse", "step": 1, "phase": "sparse", "val_loss": 1.01, "h_kept_frac": 0.5},
+        ])  # fmt: skip
+        if device:
+            (tmp_path / name / "summary.txt").write_text(f"model tiny\ndevice: {device}\ntorch: 2.11.0\n")
+    d0, a0, b0, c0 = (str(tmp_path / n) for n in ("d0", "a0", "b0", "c0"))
+    assert main([d0, "--sparse-from", a0]) == 0
+    out = capsys.readouterr().out
+    assert "note: pairs across devices" in out and f"d0 on {h100}, a0 on {h200}" in out
+    assert main([d0, b0, "--sparse-from", b0, a0]) == 0  # only the second pair differs
+    out = capsys.readouterr().out
+    assert f"b0 on {h100}, a0 on {h200}" in out and "d0 on" not in out
+    assert main([d0, "--sparse-from", b0]) == 0 and "across devices" not in capsys.readouterr().out
+    assert main([a0]) == 0 and "across devices" not in capsys.readouterr().out  # one folder, both runs
+    assert across_devices([(tmp_path / "d0", tmp_path / "c0")]) == ""  # no summary: nothing to compare
+
+
 @pytest.mark.parametrize("names", [("sparse",), ("dense", "sparse")])
 def test_summary_lead_row_in_the_sparse_column(names):
     """The sparse-vs-dense-FFN row sits under the sparse run whether or not a dense run is there."""
