@@ -135,8 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_fraction,
         default=FINAL_DENSE_FRAC,
         help="dense recovery: last fraction of steps, under either --lr-schedule (its measured quality: "
-        "bench/RESULTS.md; with wsd, --warmup-frac 0.05 --final-dense-frac 0.15 is PhaseSchedule.until_lr_decay's "
-        "recipe at the default decay)",
+        "bench/RESULTS.md; with wsd and --lr-decay-frac 0.15, --warmup-frac 0.05 --final-dense-frac 0.15 is about "
+        "PhaseSchedule.until_lr_decay's recipe)",
     )
     p.add_argument(
         "--sparsity",

@@ -16,8 +16,8 @@ WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
 # dense for the first 5%, sparse at the peak, dense through the decay. Not the default: it ties the dense
-# run only where the peak lr is too high for that dense run; at the peak lr where the dense run does best
-# it ends further behind than the default (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the decay measured.
+# run only where the peak lr is too high for that dense run; at the best peak lr tried for the dense run it
+# ends further behind than the default (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the decay measured.
 LR_DECAY_WARMUP_FRAC = 0.05
 LR_DECAY_FRAC = 0.15
 _current = "sparse"
@@ -105,7 +105,7 @@ class PhaseSchedule:
         """For a warm-up-stable-decay learning rate whose last ``decay_steps`` of ``total_steps`` decay
         it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
         through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: it ends
-        behind the dense run at the peak lr where that run does best (``from_fractions`` ends closer), and
+        behind the dense run at the best peak lr tried for it (``from_fractions`` ends closer), and
         is not for cosine, whose lr falls from the warm-up on."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")

@@ -91,6 +91,7 @@ def test_the_report_says_what_a_run_gains_from_its_step():
             printed = 1 / (float(dense) + float(frac) / s)
             assert printed == pytest.approx(projected_speedup(1 - warmup - final, s)), (warmup, final, s)
         assert f"dense the first {warmup:.0%} and the last {final:.0%}" in run_line(warmup, final)
+    assert "until_lr_decay" not in line  # one default under any lr: the opt-in is not a recipe the report offers
     with pytest.raises(ValueError, match="warmup=0.7, final_dense=0.4"):
         run_line(0.7, 0.4)
     short = explain(GPT(GPTConfig(block_size=64, n_layer=1, n_head=4, n_embd=128)), torch.randint(0, 256, (2, 64)))
