@@ -45,7 +45,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.seeds import DEVICE_LINE
+from bench.seeds import device_of
 from sparse_compile import PhaseSchedule
 
 
@@ -86,10 +86,10 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
         sparse = sparse if scheduled is None else scheduled
     rate = steady_tokens_per_s(summary, name, previous)
     steady = wall if rate is None else previous * tokens_per_step / rate
-    device = DEVICE_LINE.search(summary_text(summary, previous))
+    # steady_tokens_per_s has refused a stale summary: its device line is this run's
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
-        device.group(1).strip() if device else None,
+        device_of(summary.parent),
     )  # fmt: skip
 
 

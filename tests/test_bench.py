@@ -263,9 +263,9 @@ def test_phases_default_to_10_40_under_either_lr_schedule(steps, decay):
 
     argv = ["--device", "cpu", "--steps", str(steps), "--lr-schedule", "wsd", "--lr-warmup-frac", "0.05"]
     argv += ["--lr-decay-frac", decay] if decay else []
-    assert parse_args(argv).schedule == PhaseSchedule.from_fractions(steps, 0.1, 0.4)  # not until_lr_decay
-    assert parse_args(["--device", "cpu", "--steps", str(steps)]).schedule == PhaseSchedule.from_fractions(steps)
     wsd = parse_args(argv)
+    assert wsd.schedule == PhaseSchedule.from_fractions(steps, 0.1, 0.4)  # not until_lr_decay
+    assert parse_args(["--device", "cpu", "--steps", str(steps)]).schedule == PhaseSchedule.from_fractions(steps)
     peak = [s for s in range(steps) if _lr(s, wsd) == wsd.lr]
     decay_steps = steps - 1 - peak[-1]  # from the lr itself: every step after the last at the peak
     assert decay_steps == int(steps * float(decay or 0.15) + 1e-9)
