@@ -8,7 +8,11 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   Beside it, with those compiles: the sum over the logged intervals of (steps in the interval) x
   (tokens per step) / tokens_per_s. Where a run has no summary, every run's wall time is that sum;
 - target: the dense runs' mean final validation loss; with --paired, each recipe's own dense run's
-  (the i-th --recipe against the i-th --dense: one seed each);
+  (the i-th --recipe against the i-th --dense: one seed each). --target-dense names other dense runs
+  of the same model and steps (another peak lr or lr schedule): the target is then the lowest of their
+  final losses where it is below the --dense runs' mean, so that a recipe is held to the best dense
+  run measured, not only to the one of its own lr (a high lr can hurt the dense run more than the
+  sparse one); the wall times stay the --dense runs';
 - iso-quality speedup = dense wall time / the recipe's wall time to reach the target: the budget
   at which the recipe's final loss equals the target, linear (in steps and in wall time) between
   the two budgets, in steps, that bracket it. Wall times are a speed figure only for runs that had
@@ -198,6 +202,19 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
     return 1.0 / (steps_ratio * (1.0 - sparse_frac + sparse_frac / step_speedup))
 
 
+def lowest_dense(logs: list[str], reference: float, steps: int, tokens_per_step: int) -> tuple[float, str | None]:
+    """The target: the lowest final loss of the dense runs in ``logs`` where it is below ``reference`` (the
+    --dense runs' mean), with the log it came from; else ``reference`` and None. Each run must have ``steps``."""
+    best, source = reference, None
+    for log in logs:
+        run = read_run(log, "dense", tokens_per_step)
+        if run.steps != steps:
+            raise SystemExit(f"--target-dense {log}: ran {run.steps} steps, the --dense runs {steps}: not the same")
+        if run.final_val < best:
+            best, source = run.final_val, log
+    return best, source
+
+
 def _k_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
     """k as the table shows it: interpolated, at most the smallest budget's ratio (already reached there),
     or more than the largest budget's (not reached)."""
@@ -256,7 +273,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--paired", action="store_true",
         help="the i-th --recipe against the i-th --dense run alone (one seed each), not the dense runs' mean",
     )  # fmt: skip
+    p.add_argument(
+        "--target-dense", nargs="+", default=[], metavar="LOG",
+        help="dense runs of the same steps at another lr or schedule: the target is the lowest final loss of "
+        "these and the --dense runs' mean (wall times stay --dense's; not with --paired)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.target_dense and args.paired:
+        raise SystemExit("--target-dense: not with --paired (there each recipe's target is its own seed's dense run)")
     dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
     speedups = {k: float(v) for k, v in _pairs(args.step_speedup, "--step-speedup").items()}
     recipes = _pairs(args.recipe, "--recipe")
@@ -271,13 +295,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dense, rest = runs[: len(dense)], iter(runs[len(dense) :])
     groups = [[next(rest) for _ in g] for g in groups]  # the same runs, each wall time of one kind
     owns = [[None if o is None else next(rest) for o in g] for g in owns]
-    target = sum(r.final_val for r in dense) / len(dense)
+    reference = sum(r.final_val for r in dense) / len(dense)  # the --dense runs' loss: budgets are rebased onto it
+    target, target_from = lowest_dense(args.target_dense, reference, dense[0].steps, args.tokens_per_step)
     dense_wall = sum(r.wall_s for r in dense) / len(dense)
     rows = []
     for i, (name, budgets) in enumerate(zip(recipes, groups, strict=True)):
         base = dense[i] if args.paired else dense[0]  # its steps: the k = 1 budget
         if args.paired:
-            target, dense_wall = base.final_val, base.wall_s
+            reference = target = base.final_val
+            dense_wall = base.wall_s
         targets = [base] if args.paired else dense  # the dense run(s) the target is
         dense_wall_c = _mean_with_compiles(targets)
         for j, ((log, own_log), own) in enumerate(zip(files[i], owns[i], strict=True)):
@@ -285,8 +311,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 continue
             if own.steps != base.steps:
                 raise SystemExit(f"--recipe {name}: {own_log} ran {own.steps} steps, the target's dense {base.steps}")
-            budgets[j] = rebased(budgets[j], own, target, dense_wall, dense_wall_c)
-            gap = budgets[j].final_val / target - 1
+            budgets[j] = rebased(budgets[j], own, reference, dense_wall, dense_wall_c)
+            gap = budgets[j].final_val / reference - 1
             print(f"{name}: {log} against {own_log} (gap {gap:+.2%}), put onto the target")
         iso = iso_quality(dense_wall, base.steps, target, budgets)
         same = [b for b in budgets if b.steps == base.steps]
@@ -320,7 +346,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row["target"] = f"{target:.4f} ({Path(args.dense[i]).parent.name or args.dense[i]})"
         rows.append(row)
     if not args.paired:
-        print(f"target: dense final val {target:.4f} (mean of {len(dense)}), dense wall {dense_wall:.0f} s")
+        mean = f"mean of {len(dense)}"
+        lowest = f"{target_from}: the lowest dense loss; --dense's {mean} {reference:.4f}"
+        source = mean if target_from is None else lowest
+        print(f"target: dense final val {target:.4f} ({source}), dense wall {dense_wall:.0f} s")
     print(tabulate(rows, headers="keys", tablefmt="github"))
     return rows
 

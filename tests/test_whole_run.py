@@ -251,3 +251,40 @@ def test_walls_on_different_devices_are_not_compared(tmp_path, capsys):
     own = run("own", "GPU B", 2000, 2.0, "dense")
     (c,) = main(["--dense", d, "--recipe", f"c={there}@{own}", "--tokens-per-step", "1000"])
     assert c["wall vs dense, same steps"] == "1.000x"
+
+
+def test_target_dense_holds_a_recipe_to_the_lowest_dense_loss(tmp_path, capsys):
+    """A dense run at another lr ended 1.9, below the --dense run's 2.0: the target moves to 1.9 and the
+    crossing from 2.1 > 2.0 > 1.95 to 1.95 > 1.9 > 1.8 (1/3 of the way from 120 to 140 steps); the wall
+    times stay the --dense run's. A dense run that ended higher (2.05) leaves the target at 2.0."""
+    d = _log(tmp_path / "d.csv", {"dense": [(100, "dense", 1000, 2.0)]})  # 100 s
+    best = _log(tmp_path / "best.csv", {"dense": [(100, "dense", 500, 1.9)]})
+    worse = _log(tmp_path / "worse.csv", {"dense": [(100, "dense", 1000, 2.05)]})
+    s1 = _log(tmp_path / "s1.csv", {"sparse": [(10, "dense", 1000, ""), (100, "sparse", 2000, 2.1)]})  # 55 s
+    s2 = _log(tmp_path / "s2.csv", {"sparse": [(12, "dense", 1000, ""), (120, "sparse", 2000, 1.95)]})  # 66 s
+    s3 = _log(tmp_path / "s3.csv", {"sparse": [(14, "dense", 1000, ""), (140, "sparse", 2000, 1.8)]})  # 77 s
+    args = ["--dense", d, "--recipe", f"r={s1},{s2},{s3}", "--tokens-per-step", "1000"]
+    (own,) = main(args)
+    assert own["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
+    capsys.readouterr()
+    (held,) = main([*args, "--target-dense", worse, best])
+    assert held["steps to the target (k)"] == f"={(120 + 1 / 3 * 20) / 100:.3f}"
+    assert held["iso-quality speedup (wall time: runs alone only)"] == f"={100 / (66 + 1 / 3 * 11):.3f}x"
+    assert held["wall vs dense, same steps"] == f"{100 / 55:.3f}x"  # the --dense run's wall, not best's 200 s
+    assert held["largest budget vs dense"] == f"{1.8 / 1.9 - 1:+.2%}"
+    out = capsys.readouterr().out
+    assert f"target: dense final val 1.9000 ({best}: the lowest dense loss; --dense's mean of 1 2.0000)" in out
+    (same,) = main([*args, "--target-dense", worse])
+    assert same == own
+    # a budget beside its own dense run is put onto the --dense run's loss (1% under 2.0), then held to 1.9
+    d2 = _log(tmp_path / "d2.csv", {"dense": [(100, "dense", 1000, 1.9)]})
+    b = _log(tmp_path / "b.csv", {"sparse": [(12, "dense", 1000, ""), (120, "sparse", 2000, 1.881)]})
+    (rebased,) = main(
+        ["--dense", d, "--recipe", f"r={s1},{b}@{d2}", "--tokens-per-step", "1000", "--target-dense", best]
+    )
+    assert rebased["largest budget vs dense"] == f"{1.98 / 1.9 - 1:+.2%}"
+    short = _log(tmp_path / "short.csv", {"dense": [(90, "dense", 1000, 1.8)]})
+    with pytest.raises(SystemExit, match=r"--target-dense .*short.csv: ran 90 steps, the --dense runs 100"):
+        main([*args, "--target-dense", short])
+    with pytest.raises(SystemExit, match="not with --paired"):
+        main([*args, "--paired", "--target-dense", best])
