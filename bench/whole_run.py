@@ -27,7 +27,8 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   It assumes k, measured at the runs' own size and length, carries over to the size projected to;
 - a budget from another sweep (run elsewhere or later) names its own dense run of the same seed
   and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
-  times at their ratio to that run's, both put onto the target's dense run (its loss and walls scaled);
+  times at their ratio to that run's, both put onto the --dense runs' (their loss and walls scaled), then
+  compared with the target;
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
@@ -202,14 +203,30 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
     return 1.0 / (steps_ratio * (1.0 - sparse_frac + sparse_frac / step_speedup))
 
 
-def lowest_dense(logs: list[str], reference: float, steps: int, tokens_per_step: int) -> tuple[float, str | None]:
+_MODEL = re.compile(r"^model (\S+) \(", re.M)
+
+
+def model_of(log: str | Path, steps: int) -> str | None:
+    """The model name in the summary.txt beside a bench.train log of ``steps`` steps (None: no summary)."""
+    match = _MODEL.search(summary_text(Path(log).with_name("summary.txt"), steps))
+    return None if match is None else match.group(1)
+
+
+def lowest_dense(
+    logs: list[str], reference: float, dense_log: str, steps: int, tokens_per_step: int
+) -> tuple[float, str | None]:
     """The target: the lowest final loss of the dense runs in ``logs`` where it is below ``reference`` (the
-    --dense runs' mean), with the log it came from; else ``reference`` and None. Each run must have ``steps``."""
+    --dense runs' mean), with the log it came from; else ``reference`` and None. Each run must have ``steps``
+    and, where both summaries name it, the model of ``dense_log`` (the first --dense run)."""
     best, source = reference, None
+    model = model_of(dense_log, steps)
     for log in logs:
         run = read_run(log, "dense", tokens_per_step)
         if run.steps != steps:
             raise SystemExit(f"--target-dense {log}: ran {run.steps} steps, the --dense runs {steps}: not the same")
+        other = model_of(log, steps)
+        if None not in (model, other) and other != model:
+            raise SystemExit(f"--target-dense {log}: model {other}, the --dense runs' {model}: not the same")
         if run.final_val < best:
             best, source = run.final_val, log
     return best, source
@@ -296,7 +313,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     groups = [[next(rest) for _ in g] for g in groups]  # the same runs, each wall time of one kind
     owns = [[None if o is None else next(rest) for o in g] for g in owns]
     reference = sum(r.final_val for r in dense) / len(dense)  # the --dense runs' loss: budgets are rebased onto it
-    target, target_from = lowest_dense(args.target_dense, reference, dense[0].steps, args.tokens_per_step)
+    target, target_from = lowest_dense(
+        args.target_dense, reference, args.dense[0], dense[0].steps, args.tokens_per_step
+    )
     dense_wall = sum(r.wall_s for r in dense) / len(dense)
     rows = []
     for i, (name, budgets) in enumerate(zip(recipes, groups, strict=True)):
@@ -313,7 +332,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 raise SystemExit(f"--recipe {name}: {own_log} ran {own.steps} steps, the target's dense {base.steps}")
             budgets[j] = rebased(budgets[j], own, reference, dense_wall, dense_wall_c)
             gap = budgets[j].final_val / reference - 1
-            print(f"{name}: {log} against {own_log} (gap {gap:+.2%}), put onto the target")
+            print(f"{name}: {log} against {own_log} (gap {gap:+.2%}), put onto the --dense runs' loss")
         iso = iso_quality(dense_wall, base.steps, target, budgets)
         same = [b for b in budgets if b.steps == base.steps]
         # walls on different devices are no speedup: k and the projections (from k alone) still hold

@@ -204,7 +204,7 @@ def test_a_budget_from_another_sweep_is_taken_against_its_own_dense_run(tmp_path
     wall = 55 + 5 / 6 * (132 * 100 / 200 - 55)
     assert row["iso-quality speedup (wall time: runs alone only)"] == f"={100 / wall:.3f}x"
     assert row["largest budget vs dense"] == "-1.00%"
-    assert f"r: {b2} against {d2} (gap -1.00%), put onto the target" in capsys.readouterr().out
+    assert f"r: {b2} against {d2} (gap -1.00%), put onto the --dense runs' loss" in capsys.readouterr().out
     # without its own dense run the budget is 6% below the target and the crossing moves
     (plain,) = main(["--dense", d, "--recipe", f"r={b1},{b2}", "--tokens-per-step", "1000"])
     assert plain["steps to the target (k)"] == f"={(100 + 0.1 / 0.219 * 20) / 100:.3f}"
@@ -247,7 +247,7 @@ def test_walls_on_different_devices_are_not_compared(tmp_path, capsys):
     assert b["largest budget vs dense"] == a["largest budget vs dense"] == "+5.00%"
     assert b["projection x (s=1.5)"] == a["projection x (s=1.5)"]
     assert f"b: {there} ran on GPU B against GPU A: its wall time is not compared" in capsys.readouterr().out
-    # beside its own dense run on GPU B: compared with that one, put onto the target
+    # beside its own dense run on GPU B: compared with that one, put onto the --dense run
     own = run("own", "GPU B", 2000, 2.0, "dense")
     (c,) = main(["--dense", d, "--recipe", f"c={there}@{own}", "--tokens-per-step", "1000"])
     assert c["wall vs dense, same steps"] == "1.000x"
@@ -283,8 +283,26 @@ def test_target_dense_holds_a_recipe_to_the_lowest_dense_loss(tmp_path, capsys):
         ["--dense", d, "--recipe", f"r={s1},{b}@{d2}", "--tokens-per-step", "1000", "--target-dense", best]
     )
     assert rebased["largest budget vs dense"] == f"{1.98 / 1.9 - 1:+.2%}"
+    assert f"r: {b} against {d2} (gap -1.00%), put onto the --dense runs' loss" in capsys.readouterr().out
     short = _log(tmp_path / "short.csv", {"dense": [(90, "dense", 1000, 1.8)]})
     with pytest.raises(SystemExit, match=r"--target-dense .*short.csv: ran 90 steps, the --dense runs 100"):
         main([*args, "--target-dense", short])
     with pytest.raises(SystemExit, match="not with --paired"):
         main([*args, "--paired", "--target-dense", best])
+    # a dense run of another model is no target (the summaries beside the logs name the models)
+    logs = {}
+    for name in ("d", "best"):
+        (tmp_path / name).mkdir()
+        logs[name] = str((tmp_path / f"{name}.csv").rename(tmp_path / name / "log.csv"))
+    for model, fits in (("125m", True), ("350m", False)):
+        (tmp_path / "d" / "summary.txt").write_text("model 125m (1M params), 100 steps x 10x100 tokens\n")
+        (tmp_path / "best" / "summary.txt").write_text(f"model {model} (1M params), 100 steps x 10x100 tokens\n")
+        run = ["--dense", logs["d"], "--recipe", f"r={s1},{s2},{s3}", "--target-dense", logs["best"]]
+        if fits:
+            assert (
+                main([*run, "--tokens-per-step", "1000"])[0]["steps to the target (k)"]
+                == held["steps to the target (k)"]
+            )
+        else:
+            with pytest.raises(SystemExit, match=r"model 350m, the --dense runs' 125m: not the same"):
+                main([*run, "--tokens-per-step", "1000"])
