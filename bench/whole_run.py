@@ -29,6 +29,9 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
   times at their ratio to that run's, both put onto the --dense runs' (their loss and walls scaled), then
   compared with the target;
+- a sparse step's worth e = (1 / k - (1 - f)) / f: k read as if every sparse step were worth e dense
+  steps (bench.whole_run.sparse_step_worth; a model, not a measurement). Under it a whole run gains at
+  most max(1, s e), at f = 1, whatever the schedule: e is the quality per sparse step;
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
@@ -196,6 +199,17 @@ def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: lis
     return IsoQuality(None, "", None, gap, slope, dense_wall / runs[-1].wall_s)
 
 
+def sparse_step_worth(sparse_frac: float, steps_ratio: float) -> float:
+    """e = (1 / k - (1 - f)) / f: what one sparse step is worth in dense steps, in a model where every dense
+    step is worth one and every sparse step the same e (a reading of k, not a measurement): k N steps, a
+    fraction f of them sparse, reach what N dense steps reach when (1 - f + f e) k = 1. A whole run then
+    gains (1 - f + f e) / (1 - f + f / s), monotone in f from 1 (f = 0) to s e (f = 1): under the model no
+    schedule gains more than max(1, s e)."""
+    if not 0.0 < sparse_frac <= 1.0 or steps_ratio <= 0:
+        raise ValueError(f"sparse_step_worth: f={sparse_frac} (in (0, 1]), k={steps_ratio} (> 0)")
+    return (1.0 / steps_ratio - (1.0 - sparse_frac)) / sparse_frac
+
+
 def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: float = 1.0) -> float:
     """1 / (k (1 - f + f / s)): the whole run's speedup over dense (see the module docstring)."""
     if not 0.0 <= sparse_frac <= 1.0 or step_speedup <= 0 or steps_ratio <= 0:
@@ -238,6 +252,16 @@ def _k_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
     if iso.steps_ratio is None:
         return f">{max(b.steps for b in budgets) / dense_steps:.3f}"
     return f"{'<=' if iso.bound == '>=' else '='}{iso.steps_ratio:.3f}"
+
+
+def _worth_cell(iso: IsoQuality, budgets: list[Run], dense_steps: int) -> str:
+    """e from k (sparse_step_worth), its bound flipped from k's: a larger k is a smaller e."""
+    f = budgets[0].sparse_frac
+    if f == 0:
+        return "-"
+    if iso.steps_ratio is None:
+        return f"<{sparse_step_worth(f, max(b.steps for b in budgets) / dense_steps):.3f}"
+    return f"{'>=' if iso.bound == '>=' else '='}{sparse_step_worth(f, iso.steps_ratio):.3f}"
 
 
 def _mean_with_compiles(runs: list[Run]) -> float | None:
@@ -349,6 +373,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "the same with compiles": unlike or (_with_compiles(targets, same[0]) if same else "-"),
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
+            "a sparse step's worth (e)": _worth_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
             "iso-quality speedup (wall time: runs alone only)": unlike
             or (f"not reached (<{iso.upper:.3f}x)" if iso.speedup is None else f"{iso.bound}{iso.speedup:.3f}x"),

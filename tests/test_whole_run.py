@@ -66,6 +66,20 @@ def test_slope_is_the_loss_fall_per_percent_of_steps_around_the_target():
         iso_quality(80.0, 100, 2.0, [*budgets, Run(100, 51.0, 2.1, 0.8)])
 
 
+def test_sparse_step_worth_reads_k_as_a_constant_worth_per_sparse_step():
+    from bench.whole_run import sparse_step_worth
+
+    for f, k in ((0.8, 1.173), (0.5, 1.05), (1.0, 1.25), (0.3, 0.98)):
+        e = sparse_step_worth(f, k)
+        assert k * (1 - f) + k * f * e == pytest.approx(1.0)  # k N steps with f sparse are worth N dense ones
+    # fully sparse, the whole run gains s e: the bound of every schedule under the model
+    e = sparse_step_worth(0.8, 1.173)
+    gains = [projected_speedup(f, 1.475, 1 / (1 - f + f * e)) for f in (0.0, 0.25, 0.5, 0.8, 1.0)]
+    assert gains == sorted(gains) and gains[-1] == pytest.approx(1.475 * e) and gains[0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="f=0.0"):
+        sparse_step_worth(0.0, 1.1)
+
+
 def test_projection_formula():
     assert projected_speedup(0.25, 1.475) == pytest.approx(1.09, abs=0.005)
     assert projected_speedup(0.75, 1.475) == pytest.approx(1.32, abs=0.005)
@@ -89,9 +103,12 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     # 2.1 -> 1.95 crosses 2.0 at 2/3 of the way from 100 to 120 steps
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
     assert rows[0]["loss fall per 1% more steps"] == f"{0.15 / 2.0 / 20:.2%}"
+    # 1.133 x 100 steps, 80% sparse, reach what 100 dense steps reach: 20 + 80 e = 100 / 1.133
+    assert rows[0]["a sparse step's worth (e)"] == f"={(100 / (100 + 2 / 3 * 20) - 0.2) / 0.8:.3f}"
     assert "target: dense final val 2.0000" in capsys.readouterr().out
     never = main(["--dense", d, "--recipe", f"r={s1}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert never[0]["steps to the target (k)"] == ">1.000"
+    assert never[0]["a sparse step's worth (e)"] == "<1.000"  # k > 1: a sparse step worth less than a dense one
     assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
     # not reached: more steps than the largest budget's, so at most dense wall / that budget's wall
     dense_wall, s1_wall = 100 * 1000 / 1000, 10 * 1000 / 1000 + 80 * 1000 / 2000 + 10 * 1000 / 1000
