@@ -30,8 +30,8 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   times at their ratio to that run's, both put onto the --dense runs' (their loss and walls scaled), then
   compared with the target;
 - a sparse step's worth e = (1 / k - (1 - f)) / f: k read as if every sparse step were worth e dense
-  steps (bench.whole_run.sparse_step_worth; a model, not a measurement). Under it a whole run gains at
-  most max(1, s e), at f = 1, whatever the schedule: e is the quality per sparse step;
+  steps (bench.whole_run.sparse_step_worth; a model, not a measurement). With e fixed, a whole run gains
+  at most max(1, s e) for any f (at f = 1 where s e > 1): e is the quality per sparse step;
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.

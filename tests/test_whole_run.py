@@ -109,6 +109,10 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     never = main(["--dense", d, "--recipe", f"r={s1}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert never[0]["steps to the target (k)"] == ">1.000"
     assert never[0]["a sparse step's worth (e)"] == "<1.000"  # k > 1: a sparse step worth less than a dense one
+    # reached at the smallest budget (120 steps, 1.95 < 2.0): k at most 1.2, e at least its reading
+    (early,) = main(["--dense", d, "--recipe", f"r={s2}", "--tokens-per-step", "1000"])
+    assert early["steps to the target (k)"] == "<=1.200"
+    assert early["a sparse step's worth (e)"] == f">={(1 / 1.2 - 0.2) / 0.8:.3f}"
     assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
     # not reached: more steps than the largest budget's, so at most dense wall / that budget's wall
     dense_wall, s1_wall = 100 * 1000 / 1000, 10 * 1000 / 1000 + 80 * 1000 / 2000 + 10 * 1000 / 1000
