@@ -66,6 +66,7 @@ class Run:
     wall_with_compiles_s: float | None = None  # the logged intervals' sum, compiles included
     steady: bool = False  # wall_s from the summary's timed tokens/s
     device: str | None = None  # the summary's "device:" line (None: no summary or no such line)
+    model: str | None = None  # the summary's model name (None: no summary)
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -97,7 +98,7 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     # steady_tokens_per_s has refused a stale summary: its device line is this run's
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
-        device_of(summary.parent),
+        device_of(summary.parent), model_of(summary, previous),
     )  # fmt: skip
 
 
@@ -220,27 +221,24 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
 _MODEL = re.compile(r"^model (\S+) \(", re.M)
 
 
-def model_of(log: str | Path, steps: int) -> str | None:
-    """The model name in the summary.txt beside a bench.train log of ``steps`` steps (None: no summary)."""
-    match = _MODEL.search(summary_text(Path(log).with_name("summary.txt"), steps))
+def model_of(summary: Path, steps: int) -> str | None:
+    """The model name in bench.train's summary.txt of a run of ``steps`` steps (None: no summary)."""
+    match = _MODEL.search(summary_text(summary, steps))
     return None if match is None else match.group(1)
 
 
-def lowest_dense(
-    logs: list[str], reference: float, dense_log: str, steps: int, tokens_per_step: int
-) -> tuple[float, str | None]:
+def lowest_dense(logs: list[str], reference: float, dense: Run, tokens_per_step: int) -> tuple[float, str | None]:
     """The target: the lowest final loss of the dense runs in ``logs`` where it is below ``reference`` (the
-    --dense runs' mean), with the log it came from; else ``reference`` and None. Each run must have ``steps``
-    and, where both summaries name it, the model of ``dense_log`` (the first --dense run)."""
+    --dense runs' mean), with the log it came from; else ``reference`` and None. Each run must have ``dense``'s
+    steps and, where both summaries name it, its model (``dense``: the first --dense run)."""
     best, source = reference, None
-    model = model_of(dense_log, steps)
     for log in logs:
         run = read_run(log, "dense", tokens_per_step)
-        if run.steps != steps:
-            raise SystemExit(f"--target-dense {log}: ran {run.steps} steps, the --dense runs {steps}: not the same")
-        other = model_of(log, steps)
-        if None not in (model, other) and other != model:
-            raise SystemExit(f"--target-dense {log}: model {other}, the --dense runs' {model}: not the same")
+        if run.steps != dense.steps:
+            steps = f"ran {run.steps} steps, the --dense runs {dense.steps}"
+            raise SystemExit(f"--target-dense {log}: {steps}: not the same")
+        if None not in (dense.model, run.model) and run.model != dense.model:
+            raise SystemExit(f"--target-dense {log}: model {run.model}, the --dense runs' {dense.model}: not the same")
         if run.final_val < best:
             best, source = run.final_val, log
     return best, source
@@ -337,9 +335,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     groups = [[next(rest) for _ in g] for g in groups]  # the same runs, each wall time of one kind
     owns = [[None if o is None else next(rest) for o in g] for g in owns]
     reference = sum(r.final_val for r in dense) / len(dense)  # the --dense runs' loss: budgets are rebased onto it
-    target, target_from = lowest_dense(
-        args.target_dense, reference, args.dense[0], dense[0].steps, args.tokens_per_step
-    )
+    target, target_from = lowest_dense(args.target_dense, reference, dense[0], args.tokens_per_step)
     dense_wall = sum(r.wall_s for r in dense) / len(dense)
     rows = []
     for i, (name, budgets) in enumerate(zip(recipes, groups, strict=True)):
