@@ -11,13 +11,15 @@ from dataclasses import dataclass
 PHASES = ("sparse", "dense")
 # The default recipe, under any learning-rate schedule: dense for the first 10% and the last 40% of the
 # steps, half the run sparse. Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a
-# quarter sparse ends closer at equal steps but gains less; 80% sparse ends further behind at equal steps.
+# quarter sparse ends closer at equal steps but gains less; 80% sparse ends further behind at equal steps,
+# and reaches the dense loss later on the small model, sooner on the 1.2B one (one seed).
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
-# dense for the first 5%, sparse at the peak, dense through the decay. Not the default: it ties the dense
-# run only where the peak lr is too high for that dense run; at the best peak lr tried for the dense run it
-# ends further behind than the default (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the decay measured.
+# dense for the first 5%, sparse at the peak, dense through the decay. Not the default: at the best peak lr
+# tried for the dense run it ends further behind than the default at equal steps; run longer, it reaches the
+# dense run's loss sooner than the default at 1.2B, later at 126M (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the
+# decay measured.
 LR_DECAY_WARMUP_FRAC = 0.05
 LR_DECAY_FRAC = 0.15
 _current = "sparse"
@@ -104,9 +106,10 @@ class PhaseSchedule:
     ) -> "PhaseSchedule":
         """For a warm-up-stable-decay learning rate whose last ``decay_steps`` of ``total_steps`` decay
         it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
-        through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: it ends
-        behind the dense run at the best peak lr tried for it (``from_fractions`` ends closer), and
-        is not for cosine, whose lr falls from the warm-up on."""
+        through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: at
+        equal steps it ends further behind the dense run than ``from_fractions``; given more steps it
+        reached the dense run's loss sooner than the default on a 1.2B model and later on a 126M one
+        (bench/RESULTS.md, 6c). Not for cosine, whose lr falls from the warm-up on."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")
         if not isinstance(decay_steps, int) or not 0 < decay_steps <= total_steps:
