@@ -74,7 +74,8 @@ def test_nanogpt_gets_every_block():
 
 def test_the_report_says_what_a_run_gains_from_its_step():
     """A report with sparse sites names the default schedule's sparse share and Amdahl's law over the steps;
-    the formula it prints is bench.whole_run's at equal steps (k = 1), and it follows the phase defaults."""
+    the formula it prints is bench.whole_run's at equal steps (k = 1), and it follows the phase defaults; it
+    names the measured alternative under a warm-up-stable-decay lr."""
     from bench.whole_run import projected_speedup
     from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
     from sparse_compile.report import run_line
@@ -91,7 +92,9 @@ def test_the_report_says_what_a_run_gains_from_its_step():
             printed = 1 / (float(dense) + float(frac) / s)
             assert printed == pytest.approx(projected_speedup(1 - warmup - final, s)), (warmup, final, s)
         assert f"dense the first {warmup:.0%} and the last {final:.0%}" in run_line(warmup, final)
-    assert "until_lr_decay" not in line  # one default under any lr: the opt-in is not a recipe the report offers
+    # the opt-in for a warm-up-stable-decay lr is named with the condition it was measured under, not as the default
+    assert "under a warm-up-stable-decay lr, PhaseSchedule.until_lr_decay" in line
+    assert line.index("the default recipe") < line.index("until_lr_decay")
     with pytest.raises(ValueError, match="warmup=0.7, final_dense=0.4"):
         run_line(0.7, 0.4)
     short = explain(GPT(GPTConfig(block_size=64, n_layer=1, n_head=4, n_embd=128)), torch.randint(0, 256, (2, 64)))
