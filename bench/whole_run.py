@@ -90,15 +90,15 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     if not finals or int(finals[-1]["step"]) != previous:
         raise ValueError(f"{path}: run {name!r} has no final validation loss (unfinished?)")
     summary = Path(path).with_name("summary.txt")
+    text = summary_text(summary, previous)  # read once; a stale summary (another step count) raises here
     if name == "sparse":
-        scheduled = scheduled_sparse_steps(summary, previous)
+        scheduled = scheduled_sparse_steps(text, previous)
         sparse = sparse if scheduled is None else scheduled
-    rate = steady_tokens_per_s(summary, name, previous)
+    rate = steady_tokens_per_s(text, name)
     steady = wall if rate is None else previous * tokens_per_step / rate
-    # steady_tokens_per_s has refused a stale summary: its device line is this run's
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
-        device_of(summary.parent), model_of(summary, previous),
+        device_of(summary.parent), model_of(text),
     )  # fmt: skip
 
 
@@ -116,11 +116,10 @@ def summary_text(summary: Path, steps: int) -> str:
     return text
 
 
-def steady_tokens_per_s(summary: Path, run: str, steps: int) -> float | None:
-    """The "tokens/s, whole run" of ``run``'s column in bench.train's summary.txt (timed steps only);
-    None where there is no summary, no such row or column, or no finite value. A summary of another
-    step count than ``steps`` (a stale one) raises ValueError."""
-    lines = summary_text(summary, steps).splitlines()
+def steady_tokens_per_s(text: str, run: str) -> float | None:
+    """The "tokens/s, whole run" of ``run``'s column in bench.train's summary.txt ``text`` (timed steps
+    only; summary_text's); None where the text is empty or has no such row or column, or no finite value."""
+    lines = text.splitlines()
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
     names = rows[0] if rows else []
     for cells in rows:
@@ -152,12 +151,11 @@ def rebased(run: Run, own: Run, target: float, dense_wall: float, dense_wall_wit
     )
 
 
-def scheduled_sparse_steps(summary: Path, steps: int) -> int | None:
-    """Sparse steps of a run of ``steps`` steps by the schedule in bench.train's summary.txt beside its
-    log (the log's phase is per logged interval, so an interval that holds a phase boundary counts
-    whole); None where there is no summary or no schedule line in it. A summary of another step count
-    than the log's (a stale one) raises ValueError."""
-    match = _SCHEDULE.search(summary_text(summary, steps))
+def scheduled_sparse_steps(text: str, steps: int) -> int | None:
+    """Sparse steps of a run of ``steps`` steps by the schedule in bench.train's summary.txt ``text``
+    beside its log (summary_text's; the log's phase is per logged interval, so an interval that holds a
+    phase boundary counts whole); None where the text has no schedule line."""
+    match = _SCHEDULE.search(text)
     if match is None:
         return None
     warmup, dense_from, every = (int(g) if g else 0 for g in match.groups())
@@ -221,9 +219,9 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
 _MODEL = re.compile(r"^model (\S+) \(", re.M)
 
 
-def model_of(summary: Path, steps: int) -> str | None:
-    """The model name in bench.train's summary.txt of a run of ``steps`` steps (None: no summary)."""
-    match = _MODEL.search(summary_text(summary, steps))
+def model_of(text: str) -> str | None:
+    """The model name in bench.train's summary.txt ``text`` (summary_text's; None: no summary)."""
+    match = _MODEL.search(text)
     return None if match is None else match.group(1)
 
 
