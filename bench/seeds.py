@@ -119,11 +119,16 @@ def load_against(folder: Path, dense: SeedRun) -> SeedRun:
 DEVICE_LINE = re.compile(r"^device: (.+)$", re.M)
 
 
+def device_in(text: str) -> str | None:
+    """The device a bench.train summary.txt's ``text`` names (None: no such line)."""
+    found = DEVICE_LINE.search(text)
+    return found.group(1).strip() if found else None
+
+
 def device_of(folder: Path) -> str | None:
     """The device ``folder``'s bench.train summary.txt names (None: no summary, or no such line)."""
     path = folder / "summary.txt"
-    found = DEVICE_LINE.search(path.read_text()) if path.is_file() else None
-    return found.group(1).strip() if found else None
+    return device_in(path.read_text()) if path.is_file() else None
 
 
 def across_devices(pairs: list[tuple[Path, Path]]) -> str:

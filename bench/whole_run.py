@@ -53,7 +53,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.seeds import device_of
+from bench.seeds import device_in
 from sparse_compile import PhaseSchedule
 
 
@@ -98,7 +98,7 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     steady = wall if rate is None else previous * tokens_per_step / rate
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
-        device_of(summary.parent), model_of(text),
+        device_in(text), model_of(text),
     )  # fmt: skip
 
 
