@@ -120,6 +120,13 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert never[0]["the same with compiles"] == f"{dense_wall / s1_wall:.3f}x"  # no summaries: the same walls
     with pytest.raises(SystemExit, match="'r' is given twice"):
         main(["--dense", d, "--recipe", f"r={s1}", f"r={s2}"])
+    # a flag given again adds to its list (argparse's default would keep only the last one's recipes)
+    both = main(["--dense", d, "--recipe", f"a={s1}", "--recipe", f"b={s2}", "--step-speedup", "1.3b=1.5",
+                 "--step-speedup", "2.7b=1.6", "--tokens-per-step", "1000"])  # fmt: skip
+    assert [r["recipe"] for r in both] == ["a", "b"]
+    assert "projection 1.3b (s=1.5)" in both[1] and "projection 2.7b (s=1.6)" in both[1]
+    with pytest.raises(SystemExit, match="'r' is given twice"):
+        main(["--dense", d, "--recipe", f"r={s1}", "--recipe", f"r={s2}"])
 
 
 def _summary(folder, schedule: str, steps: int = 2400) -> None:
