@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import sparse_compile
 from bench.data import Batches, Corpus, stdlib_files
 from bench.model import GPT, GPTConfig
 from sparse_compile.report import run_line
@@ -961,3 +962,22 @@ def test_untimed_steps_are_the_first_two_of_the_process_and_of_each_segment():
     assert untimed_steps(500, PhaseSchedule(240, 840)) == {500, 501, 240, 241, 840, 841}  # resumed at 500
     assert untimed_steps(0, PhaseSchedule(0, None)) == {0, 1}
     assert untimed_steps(0, PhaseSchedule(10, 100, dense_every=4)) == {0, 1, 10, 11, 13, 100, 101}
+
+
+def test_kept_mass_is_measured_at_the_chunk_a_site_fell_back_to(tmp_path):
+    """The tiny model's hidden size (512) is not a multiple of M * 128: its sites run chunks of 32
+    (passes/legality.fit_chunk). The health probe reads that chunk from the compile report and logs
+    the kept mass of the pattern that ran (a chunk of 128 fits no site: it logged nan)."""
+    from bench.train import main
+
+    args = ["--steps", "4", "--batch-size", "2", "--seq-len", "128", "--log-every", "1", "--eval-every", "4"]
+    args += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), "--runs", "sparse"]
+    args += ["--sparsity", "chunked", "--warmup-frac", "0.25", "--final-dense-frac", "0", "--out", str(tmp_path / "r")]
+    assert main(args) == 0
+    rows = [r for r in csv.DictReader(open(tmp_path / "r" / "log.csv")) if r["phase"] == "sparse"]
+    assert len(rows) == 3
+    report = next(r for r in reversed(sparse_compile.compile_reports()) if any(s.record.sparse for s in r.sites))
+    assert {s.record.chunk for s in report.sites if s.record.sparse} == {32}
+    kept = [float(r["h_kept_frac"]) for r in rows]
+    # a quarter of the chunks, chosen by score: here 0.39-0.45 of the mass (not nan, not everything)
+    assert all(0.25 <= k < 1 for k in kept), kept
