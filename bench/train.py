@@ -41,6 +41,7 @@ from sparse_compile.clustering import kept_mass, static_share
 from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, SparsityConfig, options_from_text
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.ops import routes
+from sparse_compile.passes.legality import fitted_chunk
 from sparse_compile.passes.size_rule import small_ffn_bound
 from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, WARMUP_FRAC
 from sparse_compile.report import Report, run_line
@@ -364,16 +365,6 @@ class Health:
         self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
-    def site_chunk(self) -> int | None:
-        """The neuron chunk the model's sparse sites ran with, from the latest compile report that has
-        any: the config's, or the smaller one a hidden size not divisible by M * chunk falls back to
-        (passes/legality.fit_chunk); the config's before any report; None if the sites differ."""
-        for report in reversed(sparse_compile.compile_reports()):
-            chunks = {s.record.chunk or self.chunk for s in report.sites if s.record.sparse}
-            if chunks:
-                return chunks.pop() if len(chunks) == 1 else None
-        return self.chunk
-
     @torch.no_grad()
     def probe(self, x: torch.Tensor, autocast) -> dict[str, float]:
         hs: list[torch.Tensor] = []
@@ -403,8 +394,8 @@ class Health:
             v, _, m = self.pattern
             fits = seq is None or seq % v == 0
             perms = sparse_compile.unit_permutations()  # by site module path, 'blocks.i.mlp'
-            chunk = self.site_chunk()
-            if fits and chunk and all(f.shape[0] % v == 0 and f.shape[1] % (m * chunk) == 0 for f in flat):
+            chunk = fitted_chunk(flat[0].shape[1], m, self.chunk)  # the chunk the sites run with (fit_chunk)
+            if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * chunk) == 0 for f in flat):
                 site_perms = [perms.get(f"blocks.{i}.mlp") for i in range(len(flat))]
                 kept = kept_mass(flat, self.pattern, chunk, site_perms, seq, self.score, self.extra)
                 static = static_share(flat, self.pattern, chunk, site_perms, seq, score=self.score)

@@ -9,6 +9,8 @@ other T is the op's to decide per call (see ``site_note``).
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.fx import Node
@@ -150,22 +152,29 @@ def dense_token_reason(match: FFNMatch, config: SparsityConfig) -> str:
 MIN_FALLBACK_CHUNK = 16  # the smallest chunk of the gather path (kernels/ffn_gather.chunk_path_supports)
 
 
+def fitted_chunk(h: Any, m: int, chunk: int, known: Callable[[Any], bool] = bool) -> int:
+    """The neuron chunk a site of hidden size ``h`` runs with under a pattern of M = ``m``: ``chunk``
+    where M * chunk divides h (or where ``chunk`` has nothing to fall back to: below 32 or not a power
+    of two), else the largest chunk / 2**k >= 16 that divides (h = 3072 with M = 16: chunk 128 needs
+    2048 | h, chunk 64 needs 1024 | h), else ``chunk`` (no chunk fits: illegal_reason keeps the site
+    dense). ``known`` reads a (possibly symbolic) condition as a plain bool."""
+    if chunk < 2 * MIN_FALLBACK_CHUNK or chunk & (chunk - 1) or known(h % (m * chunk) == 0):
+        return chunk
+    fit = chunk // 2
+    while fit >= MIN_FALLBACK_CHUNK and not known(h % (m * fit) == 0):
+        fit //= 2
+    return fit if fit >= MIN_FALLBACK_CHUNK else chunk
+
+
 def fit_chunk(match: FFNMatch, config: SparsityConfig) -> tuple[SparsityConfig, str]:
     """The config a site runs with, and a note: ``config`` itself, or where its hidden size h is not a
-    multiple of M * chunk, the same config with the largest chunk = chunk / 2**k >= 16 that divides
-    (h = 3072 with M = 16: chunk 128 needs 2048 | h, chunk 64 needs 1024 | h). No chunk fits (or the
-    chunk is not a power of two): ``config`` unchanged, and illegal_reason keeps the site dense."""
+    multiple of M * chunk, the same config with the smaller chunk of ``fitted_chunk``."""
     pattern, w1 = config.activation_pattern, example_value(match.w1)
-    c = config.chunk
-    if pattern is None or c < 2 * MIN_FALLBACK_CHUNK or c & (c - 1) or w1 is None or w1.dim() != 2:
+    if pattern is None or w1 is None or w1.dim() != 2:
         return config, ""
-    h, m = w1.shape[0], pattern[2]
-    if guard_or_false(h % (m * c) == 0):
-        return config, ""
-    fit = c // 2
-    while fit >= MIN_FALLBACK_CHUNK and not guard_or_false(h % (m * fit) == 0):
-        fit //= 2
-    if fit < MIN_FALLBACK_CHUNK:
+    h, m, c = w1.shape[0], pattern[2], config.chunk
+    fit = fitted_chunk(h, m, c, guard_or_false)
+    if fit == c:
         return config, ""
     note = f"chunks of {fit}, not {c}: hidden {h} is not divisible by M * {c} = {m * c}"
     return dataclasses.replace(config, chunk=fit), note
