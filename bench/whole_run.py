@@ -300,23 +300,17 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "--dense",
-        nargs="+",
-        action="extend",
-        required=True,
+        "--dense", nargs="+", action="extend", required=True,
         help="bench.train log.csv files whose dense run is the target",
-    )
+    )  # fmt: skip
     p.add_argument(
         "--recipe", nargs="+", action="extend", required=True,
         help="NAME=log.csv[,log.csv...]: the recipe at its budgets (log.csv@dense.csv: one beside its own dense run)",
     )  # fmt: skip
     p.add_argument(
-        "--step-speedup",
-        nargs="*",
-        action="extend",
-        default=[],
+        "--step-speedup", nargs="*", action="extend", default=[],
         help="SIZE=s: bench.e2e's sparse step over dense there",
-    )
+    )  # fmt: skip
     p.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per step of the runs (default 16384)")
     p.add_argument(
         "--paired", action="store_true",
