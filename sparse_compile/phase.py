@@ -12,13 +12,13 @@ PHASES = ("sparse", "dense")
 # The default recipe, under any learning-rate schedule: dense for the first 10% and the last 40% of the
 # steps, half the run sparse. Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a
 # quarter sparse ends closer at equal steps but gains less; 80% sparse ends further behind at equal steps,
-# and reaches the dense loss later on the small model, sooner on the 1.2B one (one seed).
+# and reaches the dense loss later on the 126M and 353M models, sooner on the 1.2B one (two seeds).
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
 # dense for the first 5%, sparse at the peak, dense through the decay. Not the default: at the best peak lr
 # tried for the dense run it ends further behind than the default at equal steps; run longer, it reaches the
-# dense run's loss sooner than the default at 1.2B, later at 126M (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the
+# dense run's loss sooner than the default at 1.2B, later at 126M and 353M (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the
 # decay measured.
 LR_DECAY_WARMUP_FRAC = 0.05
 LR_DECAY_FRAC = 0.15
