@@ -108,7 +108,7 @@ class PhaseSchedule:
         it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
         through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: at
         equal steps it ends further behind the dense run than ``from_fractions``; given more steps it
-        reached the dense run's loss sooner than the default on a 1.2B model and later on a 126M one
+        reached the dense run's loss sooner than the default on a 1.2B model and later on 126M and 353M ones
         (bench/RESULTS.md, 6c). Not for cosine, whose lr falls from the warm-up on."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")
