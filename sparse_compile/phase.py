@@ -18,8 +18,8 @@ FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
 # dense for the first 5%, sparse at the peak, dense through the decay. Not the default: at the best peak lr
 # tried for the dense run it ends further behind than the default at equal steps; run longer, it reaches the
-# dense run's loss sooner than the default at 1.2B, later at 126M and 353M (bench/RESULTS.md, 6c). LR_DECAY_FRAC: the
-# decay measured.
+# dense run's loss sooner than the default at 1.2B, later at 126M and 353M (bench/RESULTS.md, 6c).
+# LR_DECAY_FRAC: the decay measured.
 LR_DECAY_WARMUP_FRAC = 0.05
 LR_DECAY_FRAC = 0.15
 _current = "sparse"
@@ -108,8 +108,8 @@ class PhaseSchedule:
         it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
         through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: at
         equal steps it ends further behind the dense run than ``from_fractions``; given more steps it
-        reached the dense run's loss sooner than the default on a 1.2B model and later on 126M and 353M ones
-        (bench/RESULTS.md, 6c). Not for cosine, whose lr falls from the warm-up on."""
+        reached the dense run's loss sooner than the default on a 1.2B model and later on 126M and 353M
+        ones (bench/RESULTS.md, 6c). Not for cosine, whose lr falls from the warm-up on."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")
         if not isinstance(decay_steps, int) or not 0 < decay_steps <= total_steps:
