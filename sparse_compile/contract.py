@@ -24,6 +24,7 @@ def op_spec(config, plan=None, units: str | None = None) -> str:
         + (";causal=1" if config.causal else "")
         + (f";score_rows={config.score_rows}" if config.score_rows is not None else "")
         + (f";routes={config.routes}" if config.routes is not None else "")
+        + (f";router={config.router}" if config.router != "representatives" else "")
         + (f";token_extra={config.token_extra}" if config.token_extra else "")
     )
     if plan is not None:

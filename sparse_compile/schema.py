@@ -81,6 +81,7 @@ def _is_number(value: object) -> bool:
 
 # SparsityConfig's checks of one field alone: field -> (whether a value is valid, what is expected).
 # activations and weight_grad are parsed, with their parser's error; the checks that combine fields follow.
+ROUTERS = ("representatives", "oracle")  # SparsityConfig.router: how a routed token's group is chosen
 FIELD_CHECKS = {
     "weights": (lambda v: v is None or v in WEIGHT_PATTERNS, "None or '2:4'"),
     "activations": (lambda v: v is None or parse_activation_pattern(v), _VNM_RULE),  # raises its own error
@@ -95,6 +96,7 @@ FIELD_CHECKS = {
     "masked_decay": (lambda v: _is_number(v) and v >= 0.0, "a float >= 0"),
     "weight_copies": (lambda v: v in ("keep", "recompute"), "'keep' or 'recompute'"),
     "token_extra": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (units per token)"),
+    "router": (lambda v: v in ROUTERS, f"one of {ROUTERS}"),
 }
 
 
@@ -140,6 +142,11 @@ class SparsityConfig:
         V > 1 in chunks (chunk > 1), causal=False, score_rows None and permute False (a routed site
         keeps its own permutation). The groups and the router are fitted from the samples recorded
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
+    router: with ``routes``, how a token's group is chosen. "representatives" (default): the group whose
+        representative units the token's own H is largest on (kernels/routing.route_tokens; F1 on G r
+        units). "oracle": the group that keeps the most of the token's own H, which F1 computes in
+        full every call (kernels/routing.route_oracle): a measure of what a better router would buy
+        with the same groups, not a speed option. Per token either way, so causal by construction.
     token_extra: r >= 0. With V:N:M blocks (V > 1), each token also keeps its own r largest units of H
         outside its block's choice (where > 0): per token, so causal as the block's choice is. No fast
         kernel takes it (the reference runs it): a measure of what a token's own top units are worth
@@ -178,6 +185,7 @@ class SparsityConfig:
     masked_decay: float = 0.0
     weight_copies: str = "keep"
     token_extra: int = 0
+    router: str = "representatives"
 
     def __post_init__(self) -> None:
         for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
@@ -212,6 +220,8 @@ class SparsityConfig:
             )
         if self.routes is not None:
             self._check_routes()
+        elif self.router != "representatives":
+            raise ValueError(f"SparsityConfig.router={self.router!r} needs routes=G (routed tokens); got routes=None")
         if self.masked_decay and self.weights is None:
             raise ValueError(
                 f"SparsityConfig.masked_decay={self.masked_decay!r} needs weights='2:4' (it decays the pruned weights)"

@@ -10,7 +10,15 @@ from torch import nn
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.config import BackendOptions
-from sparse_compile.kernels.routing import group_columns, route_plan, route_tokens, routed_blocks, routed_mask
+from sparse_compile.kernels.routing import (
+    group_columns,
+    route_by_mass,
+    route_oracle,
+    route_plan,
+    route_tokens,
+    routed_blocks,
+    routed_mask,
+)
 from sparse_compile.ops import routes
 from sparse_compile.route_fit import fit_routes, initial_groups
 
@@ -92,12 +100,31 @@ class Net(nn.Module):
 OPTIONS = {"activations": "16:4:16", "chunk": 4, "routes": 4}
 
 
-def _oracle(net, x, site="mlp"):
-    """Masked dense math with autograd, the mask built by the loop above from the site's state."""
+def _group_mass_loop(h, groups, perm, m, c):
+    """float64 [T, G]: the H mass group g keeps of token t, summed unit by unit from the definition (op
+    position i runs own unit perm[i]; position i is kept by g iff its chunk is one of g's 4 in its run)."""
+    t_count, width = h.shape
+    out = torch.zeros(t_count, groups.shape[0], dtype=torch.float64)
+    for g in range(groups.shape[0]):
+        for i in range(width):
+            run, chunk = divmod(i // c, m)
+            if chunk in groups[g, run].tolist():
+                out[:, g] += h[:, int(perm[i])].double()
+    return out
+
+
+def _oracle(net, x, site="mlp", by_mass=False):
+    """Masked dense math with autograd, the mask built by the loop above from the site's state; the route
+    from the representatives' router, or (by_mass) from each token's H summed group by group in a loop."""
     s = routes._sites[site]
     w1, b1, w2, b2 = net.mlp.up.weight, net.mlp.up.bias, net.mlp.down.weight, net.mlp.down.bias
     x2 = x.reshape(-1, x.shape[-1])
     route = route_tokens(x2, w1, b1, s.rep)
+    if by_mass:
+        with torch.no_grad():
+            h = torch.relu(x2 @ w1.t() + (0 if b1 is None else b1)) ** 2
+            perm_ = s.perm if s.perm is not None else torch.arange(w1.shape[0])
+            route = _group_mass_loop(h, s.groups, perm_, 16, 4).argmax(dim=1)
     perm = s.perm if s.perm is not None else torch.arange(w1.shape[0])
     keep = torch.zeros_like(_mask_loop(route, s.groups, 16, 4, w1.shape[0]))
     keep[:, perm] = _mask_loop(route, s.groups, 16, 4, w1.shape[0])  # op position i is unit perm[i]
@@ -105,13 +132,29 @@ def _oracle(net, x, site="mlp"):
     return x + ((r * r) @ w2.t() + (0 if b2 is None else b2)).reshape(x.shape)
 
 
-def _fitted(net, x):
-    compiled = torch.compile(net, backend="sparse", options=OPTIONS)
+def _fitted(net, x, options=OPTIONS):
+    compiled = torch.compile(net, backend="sparse", options=options)
     compiled(x)  # the first call prepares the site
     with sparse_compile.probe_units(), torch.no_grad():
         compiled(x)
     assert sparse_compile.recluster() == ["mlp"]
     return compiled
+
+
+def _matches_oracle(net, x, compiled, by_mass=False):
+    """The compiled model's output and gradients (x and every parameter) against _oracle's."""
+    xs = x.clone().requires_grad_(True)
+    y = compiled(xs)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    grads = [xs.grad] + [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    xo = x.clone().requires_grad_(True)
+    yo = _oracle(net, xo, by_mass=by_mass)
+    torch.testing.assert_close(y, yo, rtol=1e-5, atol=1e-5)
+    yo.backward(dy)
+    for a, b in zip(grads, [xo.grad] + [p.grad for p in net.parameters()], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -124,18 +167,7 @@ def test_compiled_routed_model_matches_oracle_forward_and_grads(bias):
     assert routes._sites["mlp"].perm is not None  # the fit permuted the units
     report = compile_reports()[-1]
     assert report.sites[0].record.sparse and report.sites[0].kernel == "routed reference"
-    xs = x.clone().requires_grad_(True)
-    y = compiled(xs)
-    dy = torch.randn_like(y)
-    y.backward(dy)
-    grads = [xs.grad] + [p.grad.clone() for p in net.parameters()]
-    net.zero_grad()
-    xo = x.clone().requires_grad_(True)
-    yo = _oracle(net, xo)
-    torch.testing.assert_close(y, yo, rtol=1e-5, atol=1e-5)
-    yo.backward(dy)
-    for a, b in zip(grads, [xo.grad] + [p.grad for p in net.parameters()], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _matches_oracle(net, x, compiled)
 
 
 def test_routed_outputs_ignore_later_tokens():
@@ -151,6 +183,48 @@ def test_routed_outputs_ignore_later_tokens():
             x2 = x.clone()
             x2[:, t + 1 :] = torch.randn_like(x2[:, t + 1 :]) * 3
             assert torch.equal(compiled(x2)[:, : t + 1], y[:, : t + 1])
+
+
+def test_oracle_router_picks_the_group_keeping_most_mass_and_ties_go_to_the_lower_group():
+    torch.manual_seed(3)
+    h = torch.rand(40, 64) ** 3  # [T, h], units in their own order
+    own = torch.stack([torch.randperm(64)[:16] for _ in range(5)])  # 5 groups of 16 own unit ids
+    want = [max(range(5), key=lambda g, t=t: (sum(float(h[t, u]) for u in own[g].tolist()), -g)) for t in range(40)]
+    assert route_by_mass(h, own).tolist() == want
+    tie = torch.zeros(2, 8)
+    tie[0, [1, 5]] = 1.0  # group 1 keeps unit 1, group 2 unit 5: equal mass
+    assert route_by_mass(tie, torch.tensor([[0, 2], [1, 3], [5, 7]])).tolist() == [1, 0]
+    x, w1, b1 = torch.randn(40, 8), torch.randn(64, 8), torch.randn(64)
+    full = torch.relu(x @ w1.t() + b1) ** 2
+    assert torch.equal(route_oracle(x, w1, b1, own), route_by_mass(full, own))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_oracle_routed_model_matches_oracle_forward_and_grads(bias):
+    """router="oracle": each token keeps the group with most of its own H (a loop over units from the
+    definition), forward and gradients; causality by perturbation; the router differs from the oracle."""
+    sparse_compile.reset_units()
+    torch.manual_seed(4)
+    net = Net(bias)
+    x = torch.randn(2, 48, 32)
+    compiled = _fitted(net, x, {**OPTIONS, "router": "oracle"})
+    s = routes._sites["mlp"]
+    assert s.router == "oracle" and s.perm is not None
+    assert "router=oracle" in str(compile_reports()[-1])
+    x2 = x.reshape(-1, 32)
+    w1, b1 = net.mlp.up.weight, net.mlp.up.bias
+    assert not torch.equal(routes.route(s, x2, w1, b1), route_tokens(x2, w1, b1, s.rep))  # not the router
+    _matches_oracle(net, x, compiled, by_mass=True)
+    h = (torch.relu(nn.functional.linear(x2, w1, b1)) ** 2).detach()
+    kept, total = routes.kept_and_total("mlp", h)  # the health probe's kept mass: the oracle's route's
+    mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
+    assert kept / total == pytest.approx(float(mass.max(dim=1).values.sum() / h.double().sum()), rel=1e-5)
+    with torch.no_grad():
+        y = compiled(x)
+        for t in (0, 17, 40):
+            xp = x.clone()
+            xp[:, t + 1 :] = torch.randn_like(xp[:, t + 1 :]) * 3
+            assert torch.equal(compiled(xp)[:, : t + 1], y[:, : t + 1])
 
 
 def test_gather_kernels_match_reference_in_the_interpreter():
@@ -224,6 +298,8 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain():
         (dict(activations="128:4:16", routes=8), "chunk=1"),
         (dict(activations="128:4:16", chunk=128, routes=8, causal=True), "'causal': True"),
         (dict(activations="128:4:16", chunk=128, routes=8, permute=True), "'permute': True"),
+        (dict(activations="128:4:16", chunk=128, routes=8, router="best"), "router='best': expected one of"),
+        (dict(activations="128:4:16", chunk=128, router="oracle"), "router='oracle' needs routes=G"),
     ],
 )
 def test_config_errors_name_the_value(kwargs, message):

@@ -23,7 +23,7 @@ def _site(spec: str) -> tuple[routes.RouteSite, tuple[int, int, int], int, bool]
     op = parse_spec(spec)
     if op.routes is None or op.units is None or op.activations is None:
         raise ValueError(f"sqrelu_ffn_routed: spec {spec!r} needs routes=G, units=<site> and V:N:M activations")
-    return routes.site(op.units, op.routes, op.activations, op.chunk), op.activations, op.chunk, op.gather
+    return routes.site(op.units, op.routes, op.activations, op.chunk, op.router), op.activations, op.chunk, op.gather
 
 
 @torch.library.custom_op("sparse_compile::sqrelu_ffn_routed", mutates_args=())

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.routing import group_columns, route_of_activations, route_tokens, routed_mask
+from sparse_compile.kernels.routing import (
+    group_columns,
+    route_by_mass,
+    route_of_activations,
+    route_oracle,
+    route_tokens,
+    routed_mask,
+)
 from sparse_compile.ops import unit_perms
 from sparse_compile.route_fit import fit_routes, initial_groups
 
@@ -36,6 +43,7 @@ class RouteSite:
     rep: torch.Tensor | None = None  # int64 [G, r]: representative units (own ids); None: set at the first call
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
+    router: str = "representatives"  # SparsityConfig.router: "representatives" or "oracle" (H in full)
     xs: list[torch.Tensor] = field(default_factory=list)
     hs: list[torch.Tensor] = field(default_factory=list)
 
@@ -43,11 +51,13 @@ class RouteSite:
 _sites: dict[str, RouteSite] = {}
 
 
-def site(name: str, n_groups: int, pattern: tuple[int, int, int], chunk: int) -> RouteSite:
+def site(
+    name: str, n_groups: int, pattern: tuple[int, int, int], chunk: int, router: str = "representatives"
+) -> RouteSite:
     s = _sites.get(name)
     if s is None or s.n_groups != n_groups:
         s = _sites[name] = RouteSite(n_groups, pattern, chunk)
-    s.pattern, s.chunk = pattern, chunk
+    s.pattern, s.chunk, s.router = pattern, chunk, router
     return s
 
 
@@ -75,8 +85,18 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
         s.rep = first if s.perm is None else s.perm[first]
 
 
+def own_columns(s: RouteSite, device: torch.device) -> torch.Tensor:
+    """int64 [G, h*4/M]: each group's kept units as ids in their own order (s.cols are op-order positions;
+    op position p runs own unit s.perm[p])."""
+    cols = s.cols.to(device).long()
+    return cols if s.perm is None else s.perm.to(device)[cols]
+
+
 def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
-    """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order."""
+    """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order:
+    by the representatives' router, or with router "oracle" the group keeping most of the row's H."""
+    if s.router == "oracle":
+        return route_oracle(x2, w1, b1, own_columns(s, x2.device))
     return route_tokens(x2, w1, b1, s.rep)
 
 
@@ -159,13 +179,17 @@ def fitted_kept() -> dict[str, dict[str, float]]:
 
 def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
     """(sum of H that site ``name``'s routing keeps, sum of H) for rows of H [T, F] (units in their
-    own order; the router reads the token's H on its representatives); None for a site never run."""
+    own order; the router reads the token's H on its representatives, the oracle all of it); None for a
+    site never run."""
     s = _sites.get(name)
     if s is None or s.rep is None or s.cols is None:
         return None
     with torch.no_grad():
-        rep = s.rep.to(h.device)
-        routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)
+        if s.router == "oracle":
+            routed = route_by_mass(h, own_columns(s, h.device))
+        else:
+            rep = s.rep.to(h.device)
+            routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)
         hf = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
         keep = routed_mask(routed, s.cols.to(h.device), h.shape[1])
         return float((hf * keep).sum()), float(hf.sum())

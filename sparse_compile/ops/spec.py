@@ -33,6 +33,7 @@ class OpSpec:
     units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/unit_perms.py)
     routes: int | None = None  # routed tokens: G groups (kernels/routing.py; state in ops/routes.py)
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
+    router: str = "representatives"  # routed: how a token's group is chosen (SparsityConfig.router)
     token_extra: int = 0  # each token's own largest units outside the block's choice, kept too (reference)
 
 
@@ -63,6 +64,7 @@ def parse_spec(spec: str) -> OpSpec:
         units=fields.get("units"),
         routes=int(fields["routes"]) if "routes" in fields else None,
         gather=fields.get("gather") == "1",
+        router=fields.get("router", "representatives"),
         token_extra=int(fields.get("token_extra", 0)),
     )
 

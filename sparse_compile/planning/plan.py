@@ -158,6 +158,8 @@ def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfi
                          "power of two >= 16 and M*chunk a power of two")  # fmt: skip
     why = (f"{config.routes} groups routed per token; F1 and F2, B1, B3 gathered on the kept chunks, "
            "B2, B4 block-sparse along tokens")  # fmt: skip
+    if config.router == "oracle":
+        why += "; routed by the oracle: F1 in full on every call to choose (a quality probe)"
     return KernelPlan(ROUTED, True, gemm_why=why)
 
 
