@@ -48,21 +48,6 @@ def route_of_activations(h_rep: torch.Tensor, n_groups: int) -> torch.Tensor:
     return h_rep.reshape(h_rep.shape[0], n_groups, -1).sum(dim=2).argmax(dim=1)
 
 
-def route_by_mass(h: torch.Tensor, own_cols: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: for rows of H [T, h] (units in their own order), the group that keeps the most of
-    each row's mass: argmax_g sum_{u in own_cols[g]} H[t, u], own_cols int [G, K] each group's unit
-    ids; in float32, ties to the lower group. The oracle router: it reads every unit of H."""
-    member = torch.zeros(own_cols.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
-    member.scatter_(1, own_cols.long(), 1.0)  # [G, h]: 1 where unit u is in group g
-    return (h.float() @ member.t()).argmax(dim=1)
-
-
-def route_oracle(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, own_cols: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: route_by_mass of H = relu(x W1^T + b1)^2 computed in full (F1 on all h units, the
-    product in x's dtype, the square in float32): each token to the group keeping most of its own H."""
-    return route_by_mass(torch.relu(torch.nn.functional.linear(x, w1, b1)).float().square(), own_cols)
-
-
 def routed_blocks(tokens: int, n_groups: int, v: int) -> int:
     """Blocks of V rows in the padded layout of ``tokens`` tokens routed to ``n_groups`` groups."""
     return (tokens + n_groups * (v - 1)) // v

@@ -12,7 +12,8 @@ PHASES = ("sparse", "dense")
 # The default recipe, under any learning-rate schedule: dense for the first 10% and the last 40% of the
 # steps, half the run sparse. Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a
 # quarter sparse ends closer at equal steps but gains less; 80% sparse ends further behind at equal steps,
-# and reaches the dense loss later on the 126M and 353M models, sooner on the 1.2B one (two seeds).
+# and reaches the dense loss later on the 126M and 353M models, sooner on the 1.2B one (one seed; a second
+# close to it).
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):

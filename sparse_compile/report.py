@@ -34,8 +34,8 @@ RUN_LINE = (
     "first {warmup:.0%} and the last {final:.0%}), so a sparse step s times as fast as dense makes the run "
     "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; what a run gains at the dense run's loss is "
     "measured in bench/RESULTS.md section 6c; under a warm-up-stable-decay lr, PhaseSchedule.until_lr_decay "
-    "(sparse until the decay) reached the dense loss sooner than this default on a 1.2B model (two seeds), "
-    "later on 126M and 353M ones"
+    "(sparse until the decay) reached the dense loss sooner than this default on a 1.2B model (one seed; a "
+    "second close to it), later on 126M and 353M ones"
 )
 NO_GRAPHS_NOTE = (
     "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "

@@ -6,7 +6,7 @@ sparse_compile.config re-exports the public names of all three.
 
 from dataclasses import dataclass
 
-from sparse_compile.contract import op_spec
+from sparse_compile.contract import ROUTERS, op_spec
 
 WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
@@ -81,7 +81,6 @@ def _is_number(value: object) -> bool:
 
 # SparsityConfig's checks of one field alone: field -> (whether a value is valid, what is expected).
 # activations and weight_grad are parsed, with their parser's error; the checks that combine fields follow.
-ROUTERS = ("representatives", "oracle")  # SparsityConfig.router: how a routed token's group is chosen
 FIELD_CHECKS = {
     "weights": (lambda v: v is None or v in WEIGHT_PATTERNS, "None or '2:4'"),
     "activations": (lambda v: v is None or parse_activation_pattern(v), _VNM_RULE),  # raises its own error
@@ -96,7 +95,7 @@ FIELD_CHECKS = {
     "masked_decay": (lambda v: _is_number(v) and v >= 0.0, "a float >= 0"),
     "weight_copies": (lambda v: v in ("keep", "recompute"), "'keep' or 'recompute'"),
     "token_extra": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (units per token)"),
-    "router": (lambda v: v in ROUTERS, f"one of {ROUTERS}"),
+    "router": (lambda v: v in ROUTERS, " or ".join(map(repr, ROUTERS))),
 }
 
 
@@ -145,7 +144,7 @@ class SparsityConfig:
     router: with ``routes``, how a token's group is chosen. "representatives" (default): the group whose
         representative units the token's own H is largest on (kernels/routing.route_tokens; F1 on G r
         units). "oracle": the group that keeps the most of the token's own H, which F1 computes in
-        full every call (kernels/routing.route_oracle): a measure of what a better router would buy
+        full every call (ops/routes.route_by_mass): a measure of what a better router would buy
         with the same groups, not a speed option. Per token either way, so causal by construction.
     token_extra: r >= 0. With V:N:M blocks (V > 1), each token also keeps its own r largest units of H
         outside its block's choice (where > 0): per token, so causal as the block's choice is. No fast

@@ -279,13 +279,16 @@ def test_whole_run_budgets_are_their_csv():
         seeds = int(re.search(r"\((\d) seeds?\)", model).group(1))
         per_seed: dict[str, list[tuple[int, float]]] = {}  # seed -> (budget, gap) in budget order
         # "BUDGET: GAP" over every seed, or "BUDGET (seed S): GAP" where only seed S ran that budget
-        cells = re.findall(r"(\d+)(?: \(seed (\d+)\))?: ([^;]+)", row["budget, steps: val vs dense (paired)"])
+        text = row["budget, steps: val vs dense (paired)"]
+        cells = re.findall(r"(\d+)(?: \(seed (\d+)\))?: ([^;]+)", text)
+        assert len(cells) == len(text.split(";")), (model, text)  # no cell the pattern skips
         for budget, only, cell in cells:
             head = f"{size}block-shared: default chunked, {schedule}"
             tail = f"{budget} steps (time-to-quality budget)"
             names = (f"{head}, {tail}", f"{head} stretched to {tail}")
             matching = [r for r in rows if r["structure"] in names]
-            if only:
+            if only:  # that seed alone ran this budget
+                assert {r["seed"].rsplit("_s", 1)[1] for r in matching} == {only}, (model, budget)
                 matching = [r for r in matching if r["seed"].rsplit("_s", 1)[1] == only]
             diffs = [float(r["diff"]) for r in matching]
             assert len(diffs) == (1 if only else seeds), (model, budget)

@@ -10,15 +10,7 @@ from torch import nn
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.config import BackendOptions
-from sparse_compile.kernels.routing import (
-    group_columns,
-    route_by_mass,
-    route_oracle,
-    route_plan,
-    route_tokens,
-    routed_blocks,
-    routed_mask,
-)
+from sparse_compile.kernels.routing import group_columns, route_plan, route_tokens, routed_blocks, routed_mask
 from sparse_compile.ops import routes
 from sparse_compile.route_fit import fit_routes, initial_groups
 
@@ -185,18 +177,20 @@ def test_routed_outputs_ignore_later_tokens():
             assert torch.equal(compiled(x2)[:, : t + 1], y[:, : t + 1])
 
 
-def test_oracle_router_picks_the_group_keeping_most_mass_and_ties_go_to_the_lower_group():
+def test_oracle_route_is_the_group_keeping_most_mass_and_ties_go_to_the_lower_group():
     torch.manual_seed(3)
-    h = torch.rand(40, 64) ** 3  # [T, h], units in their own order
-    own = torch.stack([torch.randperm(64)[:16] for _ in range(5)])  # 5 groups of 16 own unit ids
-    want = [max(range(5), key=lambda g, t=t: (sum(float(h[t, u]) for u in own[g].tolist()), -g)) for t in range(40)]
-    assert route_by_mass(h, own).tolist() == want
-    tie = torch.zeros(2, 8)
-    tie[0, [1, 5]] = 1.0  # group 1 keeps unit 1, group 2 unit 5: equal mass
-    assert route_by_mass(tie, torch.tensor([[0, 2], [1, 3], [5, 7]])).tolist() == [1, 0]
-    x, w1, b1 = torch.randn(40, 8), torch.randn(64, 8), torch.randn(64)
-    full = torch.relu(x @ w1.t() + b1) ** 2
-    assert torch.equal(route_oracle(x, w1, b1, own), route_by_mass(full, own))
+    m, c, runs, n_groups = 16, 4, 2, 5
+    width = m * c * runs
+    groups = torch.stack(
+        [torch.stack([torch.randperm(m)[:4].sort().values for _ in range(runs)]) for _ in range(n_groups)]
+    )
+    s = routes.RouteSite(n_groups, (16, 4, m), c, perm=torch.randperm(width), groups=groups)
+    h = torch.rand(40, width) ** 3  # units in their own order
+    assert torch.equal(routes.route_by_mass(s, h), _group_mass_loop(h, groups, s.perm, m, c).argmax(dim=1))
+    tie = routes.RouteSite(3, (16, 4, m), c, groups=torch.tensor([[[1, 2, 3, 4]], [[0, 5, 6, 7]], [[0, 8, 9, 10]]]))
+    only_chunk_0 = torch.zeros(2, m * c)
+    only_chunk_0[0, :c] = 1.0  # groups 1 and 2 keep it, group 0 does not; row 1 is all zero: every group ties
+    assert routes.route_by_mass(tie, only_chunk_0).tolist() == [1, 0]
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -269,13 +263,14 @@ def test_fit_finds_planted_groups_and_a_router_that_sees_them():
     assert torch.equal(fit.perm.sort().values, torch.arange(h))
 
 
-def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain():
+@pytest.mark.parametrize("router", ["representatives", "oracle"])
+def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
     sparse_compile.reset_units()
     torch.manual_seed(2)
     net = Net()
     keys = set(net.state_dict())
     x = torch.randn(2, 32, 32)
-    compiled = _fitted(net, x)
+    compiled = _fitted(net, x, {**OPTIONS, "router": router})
     with torch.no_grad():
         y = compiled(x)
     state = sparse_compile.route_state()
@@ -286,6 +281,14 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain():
     sparse_compile.load_route_state(state)
     with torch.no_grad():
         assert torch.equal(compiled(x), y)
+    assert routes._sites["mlp"].router == router
+
+
+def test_an_op_spec_with_an_unknown_router_names_it():
+    from sparse_compile.ops.spec import parse_spec
+
+    with pytest.raises(ValueError, match="router='best'; allowed: representatives, oracle"):
+        parse_spec("weights=none;activations=16:4:16;kernels=auto;chunk=4;routes=4;router=best")
 
 
 @pytest.mark.parametrize(
@@ -298,7 +301,7 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain():
         (dict(activations="128:4:16", routes=8), "chunk=1"),
         (dict(activations="128:4:16", chunk=128, routes=8, causal=True), "'causal': True"),
         (dict(activations="128:4:16", chunk=128, routes=8, permute=True), "'permute': True"),
-        (dict(activations="128:4:16", chunk=128, routes=8, router="best"), "router='best': expected one of"),
+        (dict(activations="128:4:16", chunk=128, routes=8, router="best"), "router='best': expected 'repres"),
         (dict(activations="128:4:16", chunk=128, router="oracle"), "router='oracle' needs routes=G"),
     ],
 )

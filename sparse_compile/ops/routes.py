@@ -17,16 +17,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.routing import (
-    group_columns,
-    route_by_mass,
-    route_of_activations,
-    route_oracle,
-    route_tokens,
-    routed_mask,
-)
+from sparse_compile.kernels.routing import group_columns, route_of_activations, route_tokens, routed_mask
 from sparse_compile.ops import unit_perms
-from sparse_compile.route_fit import fit_routes, initial_groups
+from sparse_compile.route_fit import fit_routes, initial_groups, kept_by_group
 
 SAMPLE_ROWS_PER_CALL = 1024  # rows of x and H a probed call records (every T/1024-th row)
 SAMPLE_ROWS = 4096  # rows a site keeps for its fit (the latest)
@@ -85,18 +78,21 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
         s.rep = first if s.perm is None else s.perm[first]
 
 
-def own_columns(s: RouteSite, device: torch.device) -> torch.Tensor:
-    """int64 [G, h*4/M]: each group's kept units as ids in their own order (s.cols are op-order positions;
-    op position p runs own unit s.perm[p])."""
-    cols = s.cols.to(device).long()
-    return cols if s.perm is None else s.perm.to(device)[cols]
+def route_by_mass(s: RouteSite, h: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: the oracle's route, for rows of H [T, h] (units in their own order): the group that keeps
+    the most of each row's mass, argmax_g of route_fit.kept_by_group over the row's chunk masses in the op's
+    unit order (op position p runs own unit s.perm[p]); ties to the lower group."""
+    hp = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
+    _, _, m = s.pattern
+    u = hp.reshape(h.shape[0], -1, m, s.chunk).sum(dim=3)  # [T, runs, M]: each chunk's mass
+    return kept_by_group(u, s.groups.to(h.device)).argmax(dim=1)
 
 
 def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
     """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order:
     by the representatives' router, or with router "oracle" the group keeping most of the row's H."""
-    if s.router == "oracle":
-        return route_oracle(x2, w1, b1, own_columns(s, x2.device))
+    if s.router == "oracle":  # F1 on every unit: H = relu(x W1^T + b1)^2, the square in float32
+        return route_by_mass(s, torch.relu(F.linear(x2, w1, b1)).float().square())
     return route_tokens(x2, w1, b1, s.rep)
 
 
@@ -186,7 +182,7 @@ def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
         return None
     with torch.no_grad():
         if s.router == "oracle":
-            routed = route_by_mass(h, own_columns(s, h.device))
+            routed = route_by_mass(s, h)
         else:
             rep = s.rep.to(h.device)
             routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)

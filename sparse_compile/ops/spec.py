@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_compile.contract import DEVICES, FLOAT_DTYPES, GATHER_GEMMS
+from sparse_compile.contract import DEVICES, FLOAT_DTYPES, GATHER_GEMMS, ROUTERS
 from sparse_compile.ops import unit_perms
 from sparse_compile.schema import parse_activation_pattern, parse_weight_grad
 
@@ -47,6 +47,9 @@ def parse_spec(spec: str) -> OpSpec:
         raise ValueError(
             f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: {', '.join(GATHER_GEMMS)} joined by '+'"
         )
+    router = fields.get("router", "representatives")
+    if router not in ROUTERS:
+        raise ValueError(f"op spec {spec!r}: router={router!r}; allowed: {', '.join(ROUTERS)}")
     act = fields["activations"]
     weights = fields["weights"]
     return OpSpec(
@@ -64,7 +67,7 @@ def parse_spec(spec: str) -> OpSpec:
         units=fields.get("units"),
         routes=int(fields["routes"]) if "routes" in fields else None,
         gather=fields.get("gather") == "1",
-        router=fields.get("router", "representatives"),
+        router=router,
         token_extra=int(fields.get("token_extra", 0)),
     )
 
