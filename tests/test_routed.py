@@ -162,6 +162,16 @@ def test_compiled_routed_model_matches_oracle_forward_and_grads(bias):
     _matches_oracle(net, x, compiled)
 
 
+def _ignores_later_tokens(compiled, x):
+    """Causality by perturbation: change tokens after t, and outputs up to t stay bit-identical."""
+    with torch.no_grad():
+        y = compiled(x)
+        for t in (0, 17, 40):
+            xp = x.clone()
+            xp[:, t + 1 :] = torch.randn_like(xp[:, t + 1 :]) * 3
+            assert torch.equal(compiled(xp)[:, : t + 1], y[:, : t + 1])
+
+
 def test_routed_outputs_ignore_later_tokens():
     """Causality by perturbation: change tokens after t, and outputs up to t stay bit-identical."""
     sparse_compile.reset_units()
@@ -169,12 +179,7 @@ def test_routed_outputs_ignore_later_tokens():
     net = Net()
     x = torch.randn(2, 64, 32)
     compiled = _fitted(net, x)
-    with torch.no_grad():
-        y = compiled(x)
-        for t in (0, 17, 40):
-            x2 = x.clone()
-            x2[:, t + 1 :] = torch.randn_like(x2[:, t + 1 :]) * 3
-            assert torch.equal(compiled(x2)[:, : t + 1], y[:, : t + 1])
+    _ignores_later_tokens(compiled, x)
 
 
 def test_oracle_route_is_the_group_keeping_most_mass_and_ties_go_to_the_lower_group():
@@ -213,12 +218,7 @@ def test_compiled_oracle_routed_model_matches_oracle_forward_and_grads(bias):
     kept, total = routes.kept_and_total("mlp", h)  # the health probe's kept mass: the oracle's route's
     mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
     assert kept / total == pytest.approx(float(mass.max(dim=1).values.sum() / h.double().sum()), rel=1e-5)
-    with torch.no_grad():
-        y = compiled(x)
-        for t in (0, 17, 40):
-            xp = x.clone()
-            xp[:, t + 1 :] = torch.randn_like(xp[:, t + 1 :]) * 3
-            assert torch.equal(compiled(xp)[:, : t + 1], y[:, : t + 1])
+    _ignores_later_tokens(compiled, x)
 
 
 def test_gather_kernels_match_reference_in_the_interpreter():
