@@ -93,16 +93,10 @@ OPTIONS = {"activations": "16:4:16", "chunk": 4, "routes": 4}
 
 
 def _group_mass_loop(h, groups, perm, m, c):
-    """float64 [T, G]: the H mass group g keeps of token t, summed unit by unit from the definition (op
-    position i runs own unit perm[i]; position i is kept by g iff its chunk is one of g's 4 in its run)."""
-    t_count, width = h.shape
-    out = torch.zeros(t_count, groups.shape[0], dtype=torch.float64)
-    for g in range(groups.shape[0]):
-        for i in range(width):
-            run, chunk = divmod(i // c, m)
-            if chunk in groups[g, run].tolist():
-                out[:, g] += h[:, int(perm[i])].double()
-    return out
+    """float64 [T, G]: the H mass group g keeps of token t (h [T, width], units in their own order), from
+    _mask_loop's positions of each group (op position i runs own unit perm[i])."""
+    kept = _mask_loop(torch.arange(groups.shape[0]), groups, m, c, h.shape[1])  # [G, width], op positions
+    return h[:, perm].double() @ kept.double().t()
 
 
 def _oracle(net, x, site="mlp", by_mass=False):
@@ -191,7 +185,8 @@ def test_oracle_route_is_the_group_keeping_most_mass_and_ties_go_to_the_lower_gr
     )
     s = routes.RouteSite(n_groups, (16, 4, m), c, perm=torch.randperm(width), groups=groups)
     h = torch.rand(40, width) ** 3  # units in their own order
-    assert torch.equal(routes.route_by_mass(s, h), _group_mass_loop(h, groups, s.perm, m, c).argmax(dim=1))
+    want = _group_mass_loop(h, groups, s.perm, m, c).argmax(dim=1)
+    assert torch.equal(routes.route_by_mass(s, h[:, s.perm]), want)  # H in the op's unit order
     tie = routes.RouteSite(3, (16, 4, m), c, groups=torch.tensor([[[1, 2, 3, 4]], [[0, 5, 6, 7]], [[0, 8, 9, 10]]]))
     only_chunk_0 = torch.zeros(2, m * c)
     only_chunk_0[0, :c] = 1.0  # groups 1 and 2 keep it, group 0 does not; row 1 is all zero: every group ties

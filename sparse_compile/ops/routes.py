@@ -78,21 +78,25 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
         s.rep = first if s.perm is None else s.perm[first]
 
 
-def route_by_mass(s: RouteSite, h: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: the oracle's route, for rows of H [T, h] (units in their own order): the group that keeps
-    the most of each row's mass, argmax_g of route_fit.kept_by_group over the row's chunk masses in the op's
-    unit order (op position p runs own unit s.perm[p]); ties to the lower group."""
-    hp = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
+def _op_order(s: RouteSite, h: torch.Tensor) -> torch.Tensor:
+    """float32 H [T, h] with its columns in the op's unit order (op position p runs own unit s.perm[p])."""
+    return h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
+
+
+def route_by_mass(s: RouteSite, hp: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: the oracle's route, for rows of H [T, h] in the op's unit order (``_op_order``): the
+    group that keeps the most of each row's mass, argmax_g of route_fit.kept_by_group over the row's
+    chunk masses; ties to the lower group."""
     _, _, m = s.pattern
-    u = hp.reshape(h.shape[0], -1, m, s.chunk).sum(dim=3)  # [T, runs, M]: each chunk's mass
-    return kept_by_group(u, s.groups.to(h.device)).argmax(dim=1)
+    u = hp.float().reshape(hp.shape[0], -1, m, s.chunk).sum(dim=3)  # [T, runs, M]: each chunk's mass
+    return kept_by_group(u, s.groups.to(hp.device)).argmax(dim=1)
 
 
 def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
     """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order:
     by the representatives' router, or with router "oracle" the group keeping most of the row's H."""
     if s.router == "oracle":  # F1 on every unit: H = relu(x W1^T + b1)^2, the square in float32
-        return route_by_mass(s, torch.relu(F.linear(x2, w1, b1)).float().square())
+        return route_by_mass(s, _op_order(s, torch.relu(F.linear(x2, w1, b1)).float().square()))
     return route_tokens(x2, w1, b1, s.rep)
 
 
@@ -181,11 +185,11 @@ def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
     if s is None or s.rep is None or s.cols is None:
         return None
     with torch.no_grad():
+        hf = _op_order(s, h)
         if s.router == "oracle":
-            routed = route_by_mass(s, h)
+            routed = route_by_mass(s, hf)
         else:
             rep = s.rep.to(h.device)
             routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)
-        hf = h.float() if s.perm is None else h.float()[:, s.perm.to(h.device)]
         keep = routed_mask(routed, s.cols.to(h.device), h.shape[1])
         return float((hf * keep).sum()), float(hf.sum())
