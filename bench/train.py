@@ -368,10 +368,13 @@ class Health:
     @torch.no_grad()
     def probe(self, x: torch.Tensor, autocast) -> dict[str, float]:
         hs: list[torch.Tensor] = []
+        xs: list[torch.Tensor] = []  # each FFN's input (a linear router reads it)
         seq = x.shape[-1] if self.causal else None  # x [B, S] token ids
 
         def hook(m, inp, out):
             hs.append(torch.relu(m.c_fc(inp[0])).square())
+            if self.routed:
+                xs.append(inp[0].reshape(-1, inp[0].shape[-1]))
 
         hooks = [b.mlp.register_forward_hook(hook) for b in self.model.blocks]
         try:  # eager, also where the blocks are compiled in place (FSDP2): the hooks read H
@@ -383,7 +386,10 @@ class Health:
         zeros = sum((h == 0).sum().item() for h in hs) / sum(h.numel() for h in hs)
         kept = static = oracle = math.nan
         if self.routed:
-            pairs = [routes.kept_and_total(f"blocks.{i}.mlp", h.reshape(-1, h.shape[-1])) for i, h in enumerate(hs)]
+            pairs = [
+                routes.kept_and_total(f"blocks.{i}.mlp", xi, h.reshape(-1, h.shape[-1]))
+                for i, (xi, h) in enumerate(zip(xs, hs, strict=True))
+            ]
             if all(p is not None for p in pairs):
                 kept = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
             fits = routes.fitted_kept()

@@ -4,7 +4,8 @@ A routed V:4:M pattern in chunks of c units has G groups. Group g is a fixed set
 run of M chunks (M c units) the same 4 (``groups`` [G, F/(M c), 4], chunk ids inside each run,
 ascending), so it keeps 1/(M/4) of H's columns. A router scores each token from its own row x_t:
 route(t) = argmax_g sum_j relu(x_t W1[rep[g, j]] + b1[rep[g, j]])^2 over r representative units of
-each group (``rep`` [G, r]; ties to the lower group), and the token keeps the units of its group:
+each group (``rep`` [G, r]; ties to the lower group), or a linear router route(t) = argmax_g x_t L_g + l_g
+(``route_linear``), and the token keeps the units of its group:
 
     H~[t, u] = H[t, u] if u is in group route(t), else 0;  H = relu(X W1^T + b1)^2.
 
@@ -40,6 +41,14 @@ def route_tokens(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, rep
     flat = rep.reshape(-1)
     z = torch.nn.functional.linear(x, w1.index_select(0, flat), None if b1 is None else b1.index_select(0, flat))
     return route_of_activations(torch.relu(z).float().square(), rep.shape[0])
+
+
+def route_linear(x: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: each row of x [T, d]'s group by a linear router lin [G, d + 1] (weights, then the
+    bias): argmax_g x lin[g, :d] + lin[g, d], the product in x's dtype, the bias and the argmax in
+    float32 (ties to the lower group). A [T, d] x [d, G] GEMM: G of the h units' cost."""
+    z = torch.nn.functional.linear(x, lin[:, :-1].to(x.dtype))
+    return (z.float() + lin[:, -1].float()).argmax(dim=1)
 
 
 def route_of_activations(h_rep: torch.Tensor, n_groups: int) -> torch.Tensor:

@@ -11,16 +11,22 @@ their own order):
    units, those with the most mass x share of their mass on the group's tokens; a token goes to
    the group whose representatives it activates most. Then the groups are refitted on the tokens
    as the router routes them, and the representatives on the new groups (``rounds`` times), so
-   the groups follow what the router sees.
+   the groups follow what the router sees. With the linear router (SparsityConfig.router="linear")
+   the groups stay step 2's and a linear router of x is fitted to each token's best group there
+   (``fit_linear_router``: multinomial logistic regression, L2-penalized, on standardized x).
 Everything is deterministic given the sample (ties to the lower index).
 """
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from sparse_compile.clustering import cluster_units
-from sparse_compile.kernels.routing import group_columns, route_of_activations
+from sparse_compile.kernels.routing import group_columns, route_linear, route_of_activations
+
+LINEAR_DECAY = 1e-2  # the linear router's L2 penalty on its weights over standardized x (per weight)
+LINEAR_ITERS = 30  # its L-BFGS iterations
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class RouteFit:
     rep: torch.Tensor  # int64 [G, r]: each group's representative units (their own ids)
     oracle_kept: float  # sample mass kept when every token takes its best group
     routed_kept: float  # sample mass kept as the router routes
+    lin: torch.Tensor | None = None  # float32 [G, d + 1]: the linear router (weights, bias); None for the others
 
 
 def initial_groups(n_groups: int, runs: int, m: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -100,11 +107,46 @@ def representatives(hp: torch.Tensor, assign: torch.Tensor, cols: torch.Tensor, 
     return cols.long().gather(1, top)
 
 
+def fit_linear_router(
+    x: torch.Tensor, labels: torch.Tensor, n_groups: int, decay: float = LINEAR_DECAY, iters: int = LINEAR_ITERS
+) -> torch.Tensor:
+    """float32 [G, d + 1] (weights, bias) of the linear router (kernels/routing.route_linear) that
+    predicts ``labels`` [S] (groups) from x [S, d]: minimizes the mean cross-entropy of softmax(z W^T + b)
+    + decay * |W|^2 over the standardized rows z = (x - mean) / std, from W = 0, b = 0 by L-BFGS; the
+    standardization is folded into the returned weights."""
+    x = x.float()
+    mean, std = x.mean(dim=0), x.std(dim=0, unbiased=False).clamp_min(1e-6)
+    z = (x - mean) / std
+    w = torch.zeros(n_groups, x.shape[1], device=x.device, requires_grad=True)
+    b = torch.zeros(n_groups, device=x.device, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=iters, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        opt.zero_grad()
+        value = F.cross_entropy(F.linear(z, w, b), labels) + decay * w.square().sum()
+        value.backward()
+        return value
+
+    with torch.enable_grad():
+        opt.step(loss)
+    weights = w.detach() / std
+    return torch.cat([weights, (b.detach() - weights @ mean)[:, None]], dim=1)
+
+
 def fit_routes(
-    x: torch.Tensor, h: torch.Tensor, n_groups: int, m: int, c: int, rounds: int = 3, iters: int = 20, r: int = 16
+    x: torch.Tensor,
+    h: torch.Tensor,
+    n_groups: int,
+    m: int,
+    c: int,
+    rounds: int = 3,
+    iters: int = 20,
+    r: int = 16,
+    router: str = "representatives",
 ) -> RouteFit:
-    """The routed site's permutation, groups and router from a sample x [S, d], h [S, F] (x is
-    checked for shape; the router reads the sample's activations, as route_tokens does)."""
+    """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]. The
+    representatives' router reads the sample's activations, as route_tokens does, and x is only
+    checked for shape; router="linear" fits a linear router of x (``fit_linear_router``) instead."""
     s, f = h.shape
     if x.shape[0] != s or f % (m * c) or n_groups < 2:
         raise ValueError(
@@ -118,12 +160,17 @@ def fit_routes(
     total = u.sum(dim=(1, 2))
     groups = _lloyd(u, n_groups, iters)
     assign = kept_by_group(u, groups).argmax(dim=1)
-    for step in range(rounds + 1):
-        cols = group_columns(groups, m, c)
-        rep = representatives(hp, assign, cols, r)  # op order
-        assign = route_of_activations(hp.index_select(1, rep.reshape(-1)), n_groups)
-        if step < rounds:
-            groups = _top_chunks(u, assign, groups)
+    lin = None
+    if router == "linear":  # representatives too: the site's state keeps them (checkpoints)
+        rep = representatives(hp, assign, group_columns(groups, m, c), r)
+        lin = fit_linear_router(x, assign, n_groups)
+        assign = route_linear(x.float(), lin)
+    else:
+        for step in range(rounds + 1):
+            rep = representatives(hp, assign, group_columns(groups, m, c), r)  # op order
+            assign = route_of_activations(hp.index_select(1, rep.reshape(-1)), n_groups)
+            if step < rounds:
+                groups = _top_chunks(u, assign, groups)
     kept = kept_by_group(u, groups)
     mass = total.sum().clamp_min(1e-30)
     return RouteFit(
@@ -132,4 +179,5 @@ def fit_routes(
         rep=perm[rep],
         oracle_kept=float(kept.max(dim=1).values.sum() / mass),
         routed_kept=float(kept.gather(1, assign[:, None]).sum() / mass),
+        lin=lin,
     )

@@ -143,9 +143,12 @@ class SparsityConfig:
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
     router: with ``routes``, how a token's group is chosen. "representatives" (default): the group whose
         representative units the token's own H is largest on (kernels/routing.route_tokens; F1 on G r
-        units). "oracle": the group that keeps the most of the token's own H, which F1 computes in
-        full every call (ops/routes.route_by_mass): a measure of what a better router would buy
-        with the same groups, not a speed option. Per token either way, so causal by construction.
+        units). "linear": argmax_g x L_g + l_g, a linear router of the token's input (kernels/routing.
+        route_linear; a [T, d] x [d, G] GEMM) fitted at each refit to the sample's best group of every
+        token (route_fit.fit_linear_router); before its first fit every token takes group 0. "oracle":
+        the group that keeps the most of the token's own H, which F1 computes in full every call
+        (ops/routes.route_by_mass): a measure of what a better router would buy with the same groups,
+        not a speed option. Per token in every case, so causal by construction.
     token_extra: r >= 0. With V:N:M blocks (V > 1), each token also keeps its own r largest units of H
         outside its block's choice (where > 0): per token, so causal as the block's choice is. No fast
         kernel takes it (the reference runs it): a measure of what a token's own top units are worth

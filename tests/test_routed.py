@@ -10,9 +10,16 @@ from torch import nn
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.config import BackendOptions
-from sparse_compile.kernels.routing import group_columns, route_plan, route_tokens, routed_blocks, routed_mask
+from sparse_compile.kernels.routing import (
+    group_columns,
+    route_linear,
+    route_plan,
+    route_tokens,
+    routed_blocks,
+    routed_mask,
+)
 from sparse_compile.ops import routes
-from sparse_compile.route_fit import fit_routes, initial_groups
+from sparse_compile.route_fit import fit_linear_router, fit_routes, initial_groups, kept_by_group
 
 
 def _mask_loop(route, groups, m, c, h):
@@ -101,11 +108,15 @@ def _group_mass_loop(h, groups, perm, m, c):
 
 def _oracle(net, x, site="mlp", by_mass=False):
     """Masked dense math with autograd, the mask built by the loop above from the site's state; the route
-    from the representatives' router, or (by_mass) from each token's H summed group by group in a loop."""
+    from the site's router (the representatives', or the linear router's scores in float64), or (by_mass)
+    from each token's H summed group by group in a loop."""
     s = routes._sites[site]
     w1, b1, w2, b2 = net.mlp.up.weight, net.mlp.up.bias, net.mlp.down.weight, net.mlp.down.bias
     x2 = x.reshape(-1, x.shape[-1])
-    route = route_tokens(x2, w1, b1, s.rep)
+    if s.router == "linear":
+        route = (x2.detach().double() @ s.lin[:, :-1].double().t() + s.lin[:, -1].double()).argmax(dim=1)
+    else:
+        route = route_tokens(x2, w1, b1, s.rep)
     if by_mass:
         with torch.no_grad():
             h = torch.relu(x2 @ w1.t() + (0 if b1 is None else b1)) ** 2
@@ -129,6 +140,7 @@ def _fitted(net, x, options=OPTIONS):
 
 def _matches_oracle(net, x, compiled, by_mass=False):
     """The compiled model's output and gradients (x and every parameter) against _oracle's."""
+    net.zero_grad()
     xs = x.clone().requires_grad_(True)
     y = compiled(xs)
     dy = torch.randn_like(y)
@@ -210,9 +222,90 @@ def test_compiled_oracle_routed_model_matches_oracle_forward_and_grads(bias):
     assert not torch.equal(routes.route(s, x2, w1, b1), route_tokens(x2, w1, b1, s.rep))  # not the router
     _matches_oracle(net, x, compiled, by_mass=True)
     h = (torch.relu(nn.functional.linear(x2, w1, b1)) ** 2).detach()
-    kept, total = routes.kept_and_total("mlp", h)  # the health probe's kept mass: the oracle's route's
+    kept, total = routes.kept_and_total("mlp", x2, h)  # the health probe's kept mass: the oracle's route's
     mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
     assert kept / total == pytest.approx(float(mass.max(dim=1).values.sum() / h.double().sum()), rel=1e-5)
+    _ignores_later_tokens(compiled, x)
+
+
+def test_linear_route_is_the_argmax_of_its_scores_and_ties_go_to_the_lower_group():
+    torch.manual_seed(5)
+    x, lin = torch.randn(50, 12), torch.randn(6, 13)
+    want = [max(range(6), key=lambda g: (float(xt.double() @ lin[g, :12].double() + lin[g, 12]), -g)) for xt in x]
+    assert route_linear(x, lin).tolist() == want
+    tie = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # groups 0 and 2 score alike
+    assert route_linear(torch.tensor([[2.0], [-1.0]]), tie).tolist() == [0, 1]
+
+
+def test_linear_router_fit_minimizes_its_objective_and_learns_a_readable_group():
+    """The fit against the objective written out (mean cross-entropy + decay |W|^2 on standardized x):
+    no small step lowers it, and it routes tokens whose group a direction of x reveals."""
+    g = torch.Generator().manual_seed(6)
+    s, d, n_groups = 600, 8, 4
+    labels = torch.randint(0, n_groups, (s,), generator=g)
+    x = torch.randn(s, d, generator=g) * 2.0 + 5.0  # not standardized: the fit must fold it in
+    x[torch.arange(s), labels] += 8.0
+    lin = fit_linear_router(x, labels, n_groups, decay=1e-3, iters=100)
+    assert (route_linear(x, lin) == labels).float().mean() > 0.9
+    mean, std = x.double().mean(0), x.double().std(0, unbiased=False)
+    w = lin[:, :-1].double() * std  # back to standardized coordinates
+    b = lin[:, -1].double() + lin[:, :-1].double() @ mean
+
+    def objective(w, b):
+        z = (x.double() - mean) / std
+        return float(torch.nn.functional.cross_entropy(z @ w.t() + b, labels) + 1e-3 * w.square().sum())
+
+    best = objective(w, b)
+    for _ in range(10):
+        dw, db = torch.randn(w.shape, generator=g).double(), torch.randn(b.shape, generator=g).double()
+        assert objective(w + 0.05 * dw, b + 0.05 * db) > best - 1e-6
+
+
+def test_fit_with_the_linear_router_keeps_lloyds_groups_and_routes_by_x():
+    """router="linear": the planted kinds (readable from x) are found and routed by x alone."""
+    g = torch.Generator().manual_seed(0)
+    s, d, m, c, runs = 2048, 16, 8, 4, 2
+    h = m * c * runs
+    kind = torch.randint(0, 4, (s,), generator=g)
+    x = torch.randn(s, d, generator=g) * 0.1
+    x[torch.arange(s), kind] += 3.0
+    units = torch.randperm(h, generator=g).reshape(4, h // 4)
+    act = torch.zeros(s, h)
+    act[torch.arange(s)[:, None], units[kind]] = torch.rand(s, h // 4, generator=g) + 0.5
+    fit = fit_routes(x, act, 4, m, c, router="linear")
+    assert fit.lin is not None and fit.lin.shape == (4, d + 1)
+    assert fit.oracle_kept > 0.95 and fit.routed_kept > 0.95
+    u = act[:, fit.perm].reshape(s, runs, m, c).sum(dim=3)
+    best = kept_by_group(u, fit.groups).argmax(dim=1)
+    assert (route_linear(x, fit.lin) == best).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_linear_routed_model_matches_oracle_forward_and_grads(bias):
+    """router="linear": before the fit every token takes group 0; after it, the masked dense math routed by
+    the fitted router's scores, forward and gradients; the health probe's kept mass; causality."""
+    sparse_compile.reset_units()
+    torch.manual_seed(7)
+    net = Net(bias)
+    x = torch.randn(2, 48, 32)
+    compiled = torch.compile(net, backend="sparse", options={**OPTIONS, "router": "linear"})
+    compiled(x)
+    s = routes._sites["mlp"]
+    assert s.router == "linear" and torch.equal(s.lin, torch.zeros(4, 33))
+    x2 = x.reshape(-1, 32)
+    w1, b1 = net.mlp.up.weight, net.mlp.up.bias
+    assert routes.route(s, x2, w1, b1).eq(0).all()
+    _matches_oracle(net, x, compiled)
+    compiled = _fitted(net, x, {**OPTIONS, "router": "linear"})
+    assert s.perm is not None and s.lin.abs().sum() > 0
+    assert "router=linear" in str(compile_reports()[-1])
+    route = routes.route(s, x2, w1, b1)
+    assert route.unique().numel() > 1
+    _matches_oracle(net, x, compiled)
+    h = (torch.relu(nn.functional.linear(x2, w1, b1)) ** 2).detach()
+    kept, total = routes.kept_and_total("mlp", x2, h)  # the health probe's kept mass: the linear route's
+    mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
+    assert kept / total == pytest.approx(float(mass.gather(1, route[:, None]).sum() / h.double().sum()), rel=1e-5)
     _ignores_later_tokens(compiled, x)
 
 
@@ -258,7 +351,7 @@ def test_fit_finds_planted_groups_and_a_router_that_sees_them():
     assert torch.equal(fit.perm.sort().values, torch.arange(h))
 
 
-@pytest.mark.parametrize("router", ["representatives", "oracle"])
+@pytest.mark.parametrize("router", ["representatives", "linear", "oracle"])
 def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
     sparse_compile.reset_units()
     torch.manual_seed(2)
@@ -282,7 +375,7 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
 def test_an_op_spec_with_an_unknown_router_names_it():
     from sparse_compile.ops.spec import parse_spec
 
-    with pytest.raises(ValueError, match="router='best'; allowed: representatives, oracle"):
+    with pytest.raises(ValueError, match="router='best'; allowed: representatives, linear, oracle"):
         parse_spec("weights=none;activations=16:4:16;kernels=auto;chunk=4;routes=4;router=best")
 
 

@@ -3,7 +3,8 @@
 Kept per site module path, outside the model (the dense function, the parameters and the state dict
 are unchanged), as ops/unit_perms.py keeps permutations. Before its first fit a site runs the identity
 permutation, initial groups (route_fit.initial_groups) and each group's first 16 units as its
-representatives (the router reads a token's activations on them: kernels/routing.route_tokens). Inside
+representatives (the router reads a token's activations on them: kernels/routing.route_tokens); with
+router "linear" a zero linear router (kernels/routing.route_linear), which sends every token to group 0. Inside
 ``sparse_compile.probe_units()`` every routed site's forward also records a sample of its rows
 (x and H = relu(X W1^T + b1)^2, units in their own order; one extra F1 GEMM on the sample);
 ``sparse_compile.recluster()`` refits each recorded site (sparse_compile.route_fit) and clears the
@@ -17,11 +18,17 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sparse_compile.kernels.routing import group_columns, route_of_activations, route_tokens, routed_mask
+from sparse_compile.kernels.routing import (
+    group_columns,
+    route_linear,
+    route_of_activations,
+    route_tokens,
+    routed_mask,
+)
 from sparse_compile.ops import unit_perms
 from sparse_compile.route_fit import fit_routes, initial_groups, kept_by_group
 
-SAMPLE_ROWS_PER_CALL = 1024  # rows of x and H a probed call records (every T/1024-th row)
+SAMPLE_ROWS_PER_CALL = 4096  # rows of x and H a probed call records (every T/4096-th row)
 SAMPLE_ROWS = 4096  # rows a site keeps for its fit (the latest)
 REP_UNITS = 16  # representative units per group before the first fit
 
@@ -36,7 +43,8 @@ class RouteSite:
     rep: torch.Tensor | None = None  # int64 [G, r]: representative units (own ids); None: set at the first call
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
-    router: str = "representatives"  # SparsityConfig.router: "representatives" or "oracle" (H in full)
+    lin: torch.Tensor | None = None  # float32 [G, d + 1]: the linear router (router "linear"); None for the others
+    router: str = "representatives"  # SparsityConfig.router: "representatives", "linear" or "oracle" (H in full)
     xs: list[torch.Tensor] = field(default_factory=list)
     hs: list[torch.Tensor] = field(default_factory=list)
 
@@ -67,7 +75,9 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
     if s.groups is None or s.groups.shape[1] != runs:
         s.groups = initial_groups(s.n_groups, runs, m, dev)
         s.cols = None
-    for name in ("perm", "groups", "rep", "cols"):
+    if s.router == "linear" and (s.lin is None or s.lin.shape != (s.n_groups, w1.shape[1] + 1)):
+        s.lin = torch.zeros(s.n_groups, w1.shape[1] + 1, device=dev)
+    for name in ("perm", "groups", "rep", "cols", "lin"):
         moved = _to(getattr(s, name), dev)
         if moved is not None:
             setattr(s, name, moved)
@@ -94,9 +104,12 @@ def route_by_mass(s: RouteSite, hp: torch.Tensor) -> torch.Tensor:
 
 def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
     """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order:
-    by the representatives' router, or with router "oracle" the group keeping most of the row's H."""
+    by the representatives' router, the linear router, or with router "oracle" the group keeping most of
+    the row's H."""
     if s.router == "oracle":  # F1 on every unit: H = relu(x W1^T + b1)^2, the square in float32
         return route_by_mass(s, _op_order(s, torch.relu(F.linear(x2, w1, b1)).float().square()))
+    if s.router == "linear":
+        return route_linear(x2, s.lin)
     return route_tokens(x2, w1, b1, s.rep)
 
 
@@ -121,8 +134,10 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
     for name in sorted(n for n, s in _sites.items() if s.xs):
         s = _sites[name]
         _, _, m = s.pattern
-        fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk)
+        fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router)
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
+        if fit.lin is not None:
+            tensors["lin"] = fit.lin
         unit_perms.broadcast_from_first(list(tensors.values()), group)  # every rank runs the first rank's fit
         for key, value in tensors.items():
             setattr(s, key, unit_perms.store(getattr(s, key), value))
@@ -134,7 +149,7 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
     return done
 
 
-STATE_KEYS = ("perm", "groups", "rep")
+STATE_KEYS = ("perm", "groups", "rep", "lin")
 
 
 def route_state() -> dict[str, dict[str, torch.Tensor | int]]:
@@ -164,6 +179,7 @@ def load_route_state(state: dict[str, dict[str, torch.Tensor | int]]) -> None:
             s = _sites[name] = RouteSite(n_groups, (0, 0, 0), 1)  # pattern filled in by the op's first call
         s.perm = None if saved.get("perm") is None else torch.as_tensor(saved["perm"], dtype=torch.long).clone()
         s.groups, s.rep = groups.clone(), rep.clone()
+        s.lin = None if saved.get("lin") is None else torch.as_tensor(saved["lin"], dtype=torch.float32).clone()
         s.cols = None  # rebuilt from groups at the op's next call
 
 
@@ -177,10 +193,10 @@ def fitted_kept() -> dict[str, dict[str, float]]:
     return {name: dict(s.fitted) for name, s in _sites.items() if s.fitted}
 
 
-def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
-    """(sum of H that site ``name``'s routing keeps, sum of H) for rows of H [T, F] (units in their
-    own order; the router reads the token's H on its representatives, the oracle all of it); None for a
-    site never run."""
+def kept_and_total(name: str, x: torch.Tensor, h: torch.Tensor) -> tuple[float, float] | None:
+    """(sum of H that site ``name``'s routing keeps, sum of H) for rows x [T, d] of the site's input and
+    their H [T, F] (units in their own order; the router reads the token's H on its representatives, the
+    linear router x, the oracle all of H); None for a site never run."""
     s = _sites.get(name)
     if s is None or s.rep is None or s.cols is None:
         return None
@@ -188,6 +204,8 @@ def kept_and_total(name: str, h: torch.Tensor) -> tuple[float, float] | None:
         hf = _op_order(s, h)
         if s.router == "oracle":
             routed = route_by_mass(s, hf)
+        elif s.router == "linear":
+            routed = route_linear(x, s.lin.to(x.device))
         else:
             rep = s.rep.to(h.device)
             routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)

@@ -160,6 +160,8 @@ def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfi
            "B2, B4 block-sparse along tokens")  # fmt: skip
     if config.router == "oracle":
         why += "; routed by the oracle: F1 in full on every call to choose (a quality probe)"
+    elif config.router == "linear":
+        why += "; routed by a linear router of x fitted to the best groups"
     return KernelPlan(ROUTED, True, gemm_why=why)
 
 
