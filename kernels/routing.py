@@ -34,21 +34,26 @@ def group_columns(groups: torch.Tensor, m: int, c: int) -> torch.Tensor:
     return ids.reshape(g, runs * 4 * c).to(torch.int32)
 
 
-def route_tokens(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, rep: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: each row of x [T, d]'s group, from its own activations on the groups' representative
-    units rep [G, r] (unit ids of w1 [h, d]): argmax_g sum_j relu(x w1[rep[g, j]] + b1[rep[g, j]])^2,
-    the product in x's dtype (F1 on G r of the h units), the sums and the argmax in float32."""
+def rep_activations(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, rep: torch.Tensor) -> torch.Tensor:
+    """float32 [T, G r]: H = relu(x w1[u] + b1[u])^2 of each row of x [T, d] on the representative units
+    rep [G, r] (unit ids of w1 [h, d]), group by group: F1 on G r of the h units, the product in x's dtype."""
     flat = rep.reshape(-1)
     z = torch.nn.functional.linear(x, w1.index_select(0, flat), None if b1 is None else b1.index_select(0, flat))
-    return route_of_activations(torch.relu(z).float().square(), rep.shape[0])
+    return torch.relu(z).float().square()
+
+
+def route_tokens(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, rep: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: each row of x [T, d]'s group, from its own activations on the groups' representative
+    units rep [G, r]: argmax_g sum_j relu(x w1[rep[g, j]] + b1[rep[g, j]])^2 (``rep_activations``), the
+    sums and the argmax in float32."""
+    return route_of_activations(rep_activations(x, w1, b1, rep), rep.shape[0])
 
 
 def route_linear(x: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
     """int64 [T]: each row of x [T, d]'s group by a linear router lin [G, d + 1] (weights, then the
-    bias): argmax_g x lin[g, :d] + lin[g, d], the product in x's dtype, the bias and the argmax in
-    float32 (ties to the lower group). A [T, d] x [d, G] GEMM: G of the h units' cost."""
-    z = torch.nn.functional.linear(x, lin[:, :-1].to(x.dtype))
-    return (z.float() + lin[:, -1].float()).argmax(dim=1)
+    bias): argmax_g x lin[g, :d] + lin[g, d] in float32 (ties to the lower group): bf16 would round
+    together scores closer than 1/256 of their size. A [T, d] x [d, G] GEMM."""
+    return torch.nn.functional.linear(x.float(), lin[:, :-1].float(), lin[:, -1].float()).argmax(dim=1)
 
 
 def route_of_activations(h_rep: torch.Tensor, n_groups: int) -> torch.Tensor:

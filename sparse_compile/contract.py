@@ -11,7 +11,7 @@ import torch
 DEVICES = ("cpu", "cuda")  # device types with kernels
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes of x, the weights and biases
 GATHER_GEMMS = ("F2", "B1", "B3")  # gather-path GEMMs that may run on cuBLAS instead (the spec's dense_gemms)
-ROUTERS = ("representatives", "linear", "oracle")  # how a routed token's group is chosen (SparsityConfig.router)
+ROUTERS = ("representatives", "weighted", "linear", "oracle")  # SparsityConfig.router: how a token picks its group
 
 
 def op_spec(config, plan=None, units: str | None = None) -> str:

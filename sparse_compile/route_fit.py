@@ -11,9 +11,11 @@ their own order):
    units, those with the most mass x share of their mass on the group's tokens; a token goes to
    the group whose representatives it activates most. Then the groups are refitted on the tokens
    as the router routes them, and the representatives on the new groups (``rounds`` times), so
-   the groups follow what the router sees. With the linear router (SparsityConfig.router="linear")
-   the groups stay step 2's and a linear router of x is fitted to each token's best group there
-   (``fit_linear_router``: multinomial logistic regression, L2-penalized, on standardized x).
+   the groups follow what the router sees. With router "linear" (SparsityConfig.router) the groups
+   stay step 2's and a linear classifier of x is fitted to each token's best group there
+   (``fit_linear_router``: multinomial logistic regression, L2-penalized, on standardized x); with
+   router "weighted" the same classifier of the token's activations on the representatives (all
+   groups' G r units) instead of x.
 Everything is deterministic given the sample (ties to the lower index).
 """
 
@@ -36,7 +38,7 @@ class RouteFit:
     rep: torch.Tensor  # int64 [G, r]: each group's representative units (their own ids)
     oracle_kept: float  # sample mass kept when every token takes its best group
     routed_kept: float  # sample mass kept as the router routes
-    lin: torch.Tensor | None = None  # float32 [G, d + 1]: the linear router (weights, bias); None for the others
+    lin: torch.Tensor | None = None  # float32 [G, features + 1]: router "linear" / "weighted" (weights, bias)
 
 
 def initial_groups(n_groups: int, runs: int, m: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -111,7 +113,7 @@ def fit_linear_router(
     x: torch.Tensor, labels: torch.Tensor, n_groups: int, decay: float = LINEAR_DECAY, iters: int = LINEAR_ITERS
 ) -> torch.Tensor:
     """float32 [G, d + 1] (weights, bias) of the linear router (kernels/routing.route_linear) that
-    predicts ``labels`` [S] (groups) from x [S, d]: minimizes the mean cross-entropy of softmax(z W^T + b)
+    predicts ``labels`` [S] (groups) from features x [S, d]: minimizes the mean cross-entropy of softmax(z W^T + b)
     + decay * |W|^2 over the standardized rows z = (x - mean) / std, from W = 0, b = 0 by L-BFGS; the
     standardization is folded into the returned weights."""
     x = x.float()
@@ -146,7 +148,8 @@ def fit_routes(
 ) -> RouteFit:
     """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]. The
     representatives' router reads the sample's activations, as route_tokens does, and x is only
-    checked for shape; router="linear" fits a linear router of x (``fit_linear_router``) instead."""
+    checked for shape; router="linear" fits a linear classifier of x (``fit_linear_router``),
+    router="weighted" one of the activations on the representatives."""
     s, f = h.shape
     if x.shape[0] != s or f % (m * c) or n_groups < 2:
         raise ValueError(
@@ -161,10 +164,11 @@ def fit_routes(
     groups = _lloyd(u, n_groups, iters)
     assign = kept_by_group(u, groups).argmax(dim=1)
     lin = None
-    if router == "linear":  # representatives too: the site's state keeps them (checkpoints)
+    if router in ("linear", "weighted"):  # representatives for both: the site's state keeps them
         rep = representatives(hp, assign, group_columns(groups, m, c), r)
-        lin = fit_linear_router(x, assign, n_groups)
-        assign = route_linear(x.float(), lin)
+        features = x.float() if router == "linear" else hp.index_select(1, rep.reshape(-1))
+        lin = fit_linear_router(features, assign, n_groups)
+        assign = route_linear(features, lin)
     else:
         for step in range(rounds + 1):
             rep = representatives(hp, assign, group_columns(groups, m, c), r)  # op order

@@ -143,9 +143,12 @@ class SparsityConfig:
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
     router: with ``routes``, how a token's group is chosen. "representatives" (default): the group whose
         representative units the token's own H is largest on (kernels/routing.route_tokens; F1 on G r
-        units). "linear": argmax_g x L_g + l_g, a linear router of the token's input (kernels/routing.
-        route_linear; a [T, d] x [d, G] GEMM) fitted at each refit to the sample's best group of every
-        token (route_fit.fit_linear_router); before its first fit every token takes group 0. "oracle":
+        units). "weighted": every group scored from the activations on all groups' representatives by a
+        linear classifier fitted at each refit to the sample's best group of every token
+        (route_fit.fit_linear_router; before its first fit it sums each group's own, as
+        "representatives" does). "linear": argmax_g x L_g + l_g, a linear router of the token's input
+        (kernels/routing.route_linear; a [T, d] x [d, G] GEMM), fitted the same way; before its first
+        fit every token takes group 0. "oracle":
         the group that keeps the most of the token's own H, which F1 computes in full every call
         (ops/routes.route_by_mass): a measure of what a better router would buy with the same groups,
         not a speed option. Per token in every case, so causal by construction.

@@ -108,13 +108,17 @@ def _group_mass_loop(h, groups, perm, m, c):
 
 def _oracle(net, x, site="mlp", by_mass=False):
     """Masked dense math with autograd, the mask built by the loop above from the site's state; the route
-    from the site's router (the representatives', or the linear router's scores in float64), or (by_mass)
+    from the site's router (the representatives', or the linear or weighted router's scores in float64), or (by_mass)
     from each token's H summed group by group in a loop."""
     s = routes._sites[site]
     w1, b1, w2, b2 = net.mlp.up.weight, net.mlp.up.bias, net.mlp.down.weight, net.mlp.down.bias
     x2 = x.reshape(-1, x.shape[-1])
-    if s.router == "linear":
-        route = (x2.detach().double() @ s.lin[:, :-1].double().t() + s.lin[:, -1].double()).argmax(dim=1)
+    if s.router in ("linear", "weighted"):
+        feats = x2.detach().double()
+        if s.router == "weighted":  # H on every group's representatives, group by group
+            flat = s.rep.reshape(-1)
+            feats = torch.relu(feats @ w1[flat].double().t() + (0 if b1 is None else b1[flat].double())) ** 2
+        route = (feats @ s.lin[:, :-1].double().t() + s.lin[:, -1].double()).argmax(dim=1)
     else:
         route = route_tokens(x2, w1, b1, s.rep)
     if by_mass:
@@ -309,6 +313,49 @@ def test_compiled_linear_routed_model_matches_oracle_forward_and_grads(bias):
     _ignores_later_tokens(compiled, x)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_weighted_routed_model_matches_oracle_forward_and_grads(bias):
+    """router="weighted": before the fit the representatives' route; after it, the masked dense math routed by
+    the fitted classifier of the representatives' H, forward and gradients; the health probe; causality."""
+    sparse_compile.reset_units()
+    torch.manual_seed(8)
+    net = Net(bias)
+    x = torch.randn(2, 48, 32)
+    compiled = torch.compile(net, backend="sparse", options={**OPTIONS, "router": "weighted"})
+    compiled(x)
+    s = routes._sites["mlp"]
+    x2 = x.reshape(-1, 32)
+    w1, b1 = net.mlp.up.weight, net.mlp.up.bias
+    assert s.router == "weighted" and s.lin.shape == (4, s.rep.numel() + 1)
+    assert torch.equal(routes.route(s, x2, w1, b1), route_tokens(x2, w1, b1, s.rep))  # before the fit
+    compiled = _fitted(net, x, {**OPTIONS, "router": "weighted"})
+    assert "router=weighted" in str(compile_reports()[-1])
+    route = routes.route(s, x2, w1, b1)
+    assert route.unique().numel() > 1
+    _matches_oracle(net, x, compiled)
+    h = (torch.relu(nn.functional.linear(x2, w1, b1)) ** 2).detach()
+    kept, total = routes.kept_and_total("mlp", x2, h)
+    mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
+    assert kept / total == pytest.approx(float(mass.gather(1, route[:, None]).sum() / h.double().sum()), rel=1e-5)
+    _ignores_later_tokens(compiled, x)
+
+
+def test_fit_with_the_weighted_router_routes_planted_kinds_by_the_representatives():
+    g = torch.Generator().manual_seed(9)
+    s, d, m, c, runs = 2048, 16, 8, 4, 2
+    h = m * c * runs
+    kind = torch.randint(0, 4, (s,), generator=g)
+    x = torch.randn(s, d, generator=g)
+    units = torch.randperm(h, generator=g).reshape(4, h // 4)
+    act = torch.rand(s, h, generator=g) * 0.05
+    act[torch.arange(s)[:, None], units[kind]] = torch.rand(s, h // 4, generator=g) + 0.5
+    fit = fit_routes(x, act, 4, m, c, router="weighted", r=4)
+    assert fit.lin.shape == (4, 4 * 4 + 1) and fit.oracle_kept > 0.9 and fit.routed_kept > 0.9
+    u = act[:, fit.perm].reshape(s, runs, m, c).sum(dim=3)
+    best = kept_by_group(u, fit.groups).argmax(dim=1)
+    assert (route_linear(act[:, fit.rep.reshape(-1)], fit.lin) == best).float().mean() > 0.99
+
+
 def test_gather_kernels_match_reference_in_the_interpreter():
     """kernels/ffn_routed.py (Triton interpreter, fp32) against the reference's masked math and autograd."""
     from sparse_compile.kernels.ffn_routed import sqrelu_ffn_backward_routed, sqrelu_ffn_forward_routed
@@ -351,7 +398,7 @@ def test_fit_finds_planted_groups_and_a_router_that_sees_them():
     assert torch.equal(fit.perm.sort().values, torch.arange(h))
 
 
-@pytest.mark.parametrize("router", ["representatives", "linear", "oracle"])
+@pytest.mark.parametrize("router", ["representatives", "weighted", "linear", "oracle"])
 def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
     sparse_compile.reset_units()
     torch.manual_seed(2)
@@ -375,7 +422,7 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
 def test_an_op_spec_with_an_unknown_router_names_it():
     from sparse_compile.ops.spec import parse_spec
 
-    with pytest.raises(ValueError, match="router='best'; allowed: representatives, linear, oracle"):
+    with pytest.raises(ValueError, match="router='best'; allowed: representatives, weighted, linear, oracle"):
         parse_spec("weights=none;activations=16:4:16;kernels=auto;chunk=4;routes=4;router=best")
 
 

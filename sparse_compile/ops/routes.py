@@ -4,7 +4,9 @@ Kept per site module path, outside the model (the dense function, the parameters
 are unchanged), as ops/unit_perms.py keeps permutations. Before its first fit a site runs the identity
 permutation, initial groups (route_fit.initial_groups) and each group's first 16 units as its
 representatives (the router reads a token's activations on them: kernels/routing.route_tokens); with
-router "linear" a zero linear router (kernels/routing.route_linear), which sends every token to group 0. Inside
+router "linear" a zero linear router (kernels/routing.route_linear), which sends every token to group 0;
+with router "weighted" the classifier of the representatives' activations that sums each group's own
+(the representatives' router). Inside
 ``sparse_compile.probe_units()`` every routed site's forward also records a sample of its rows
 (x and H = relu(X W1^T + b1)^2, units in their own order; one extra F1 GEMM on the sample);
 ``sparse_compile.recluster()`` refits each recorded site (sparse_compile.route_fit) and clears the
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 
 from sparse_compile.kernels.routing import (
     group_columns,
+    rep_activations,
     route_linear,
     route_of_activations,
     route_tokens,
@@ -43,8 +46,8 @@ class RouteSite:
     rep: torch.Tensor | None = None  # int64 [G, r]: representative units (own ids); None: set at the first call
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
-    lin: torch.Tensor | None = None  # float32 [G, d + 1]: the linear router (router "linear"); None for the others
-    router: str = "representatives"  # SparsityConfig.router: "representatives", "linear" or "oracle" (H in full)
+    lin: torch.Tensor | None = None  # float32 [G, features + 1]: router "linear" (x) or "weighted" (H on rep)
+    router: str = "representatives"  # SparsityConfig.router (contract.ROUTERS)
     xs: list[torch.Tensor] = field(default_factory=list)
     hs: list[torch.Tensor] = field(default_factory=list)
 
@@ -75,8 +78,6 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
     if s.groups is None or s.groups.shape[1] != runs:
         s.groups = initial_groups(s.n_groups, runs, m, dev)
         s.cols = None
-    if s.router == "linear" and (s.lin is None or s.lin.shape != (s.n_groups, w1.shape[1] + 1)):
-        s.lin = torch.zeros(s.n_groups, w1.shape[1] + 1, device=dev)
     for name in ("perm", "groups", "rep", "cols", "lin"):
         moved = _to(getattr(s, name), dev)
         if moved is not None:
@@ -86,6 +87,12 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
     if s.rep is None:
         first = s.cols[:, :REP_UNITS].long()  # op order
         s.rep = first if s.perm is None else s.perm[first]
+    features = {"linear": w1.shape[1], "weighted": s.rep.numel()}.get(s.router)
+    if features is not None and (s.lin is None or s.lin.shape != (s.n_groups, features + 1)):
+        s.lin = torch.zeros(s.n_groups, features + 1, device=dev)
+        if s.router == "weighted":  # each group's score: the sum of its own representatives' H
+            own = torch.arange(features, device=dev) // s.rep.shape[1]
+            s.lin[own, torch.arange(features, device=dev)] = 1.0
 
 
 def _op_order(s: RouteSite, h: torch.Tensor) -> torch.Tensor:
@@ -110,6 +117,8 @@ def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | N
         return route_by_mass(s, _op_order(s, torch.relu(F.linear(x2, w1, b1)).float().square()))
     if s.router == "linear":
         return route_linear(x2, s.lin)
+    if s.router == "weighted":
+        return route_linear(rep_activations(x2, w1, b1, s.rep), s.lin)
     return route_tokens(x2, w1, b1, s.rep)
 
 
@@ -207,7 +216,10 @@ def kept_and_total(name: str, x: torch.Tensor, h: torch.Tensor) -> tuple[float, 
         elif s.router == "linear":
             routed = route_linear(x, s.lin.to(x.device))
         else:
-            rep = s.rep.to(h.device)
-            routed = route_of_activations(h.float().index_select(1, rep.reshape(-1)), s.n_groups)
+            h_rep = h.float().index_select(1, s.rep.to(h.device).reshape(-1))
+            if s.router == "weighted":
+                routed = route_linear(h_rep, s.lin.to(h.device))
+            else:
+                routed = route_of_activations(h_rep, s.n_groups)
         keep = routed_mask(routed, s.cols.to(h.device), h.shape[1])
         return float((hf * keep).sum()), float(hf.sum())

@@ -162,6 +162,8 @@ def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfi
         why += "; routed by the oracle: F1 in full on every call to choose (a quality probe)"
     elif config.router == "linear":
         why += "; routed by a linear router of x fitted to the best groups"
+    elif config.router == "weighted":
+        why += "; routed by a linear router of the representatives' activations fitted to the best groups"
     return KernelPlan(ROUTED, True, gemm_why=why)
 
 
