@@ -373,8 +373,10 @@ class Health:
 
         def hook(m, inp, out):
             hs.append(torch.relu(m.c_fc(inp[0])).square())
-            if self.routed:
-                xs.append(inp[0].reshape(-1, inp[0].shape[-1]))
+            if self.routed:  # in the dtype the op receives it (autocast's)
+                x_in, kind = inp[0], inp[0].device.type
+                dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x_in.dtype
+                xs.append(x_in.reshape(-1, x_in.shape[-1]).to(dtype))
 
         hooks = [b.mlp.register_forward_hook(hook) for b in self.model.blocks]
         try:  # eager, also where the blocks are compiled in place (FSDP2): the hooks read H

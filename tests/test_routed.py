@@ -241,6 +241,19 @@ def test_linear_route_is_the_argmax_of_its_scores_and_ties_go_to_the_lower_group
     assert route_linear(torch.tensor([[2.0], [-1.0]]), tie).tolist() == [0, 1]
 
 
+def test_linear_route_scores_bf16_rows_in_float32():
+    """Scores near 50 that differ by about 0.05: bf16 rounding of the scores (1/256 of their size) would flip
+    most routes; in float32 they match float64's."""
+    g = torch.Generator().manual_seed(10)
+    x = (torch.rand(300, 16, generator=g) + 1.0).bfloat16()
+    base = torch.full((16,), 2.0)
+    lin = torch.cat([base + 0.01 * torch.randn(8, 16, generator=g), torch.zeros(8, 1)], dim=1)
+    want = (x.double() @ lin[:, :-1].double().t()).argmax(dim=1)
+    assert torch.equal(route_linear(x, lin), want)
+    rounded = (x.double() @ lin[:, :-1].double().t()).bfloat16().float()
+    assert (rounded.argmax(dim=1) != want).float().mean() > 0.2  # the test can tell
+
+
 def test_linear_router_fit_minimizes_its_objective_and_learns_a_readable_group():
     """The fit against the objective written out (mean cross-entropy + decay |W|^2 on standardized x):
     no small step lowers it, and it routes tokens whose group a direction of x reveals."""
@@ -417,6 +430,40 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
     with torch.no_grad():
         assert torch.equal(compiled(x), y)
     assert routes._sites["mlp"].router == router
+
+
+@pytest.mark.parametrize("router", ["weighted", "linear"])
+def test_a_refit_updates_the_router_in_place(router):
+    """A captured CUDA graph reads the site's tensors by address: a refit writes the new router into them."""
+    sparse_compile.reset_units()
+    torch.manual_seed(11)
+    net = Net()
+    x = torch.randn(2, 32, 32)
+    compiled = _fitted(net, x, {**OPTIONS, "router": router})
+    lin = routes._sites["mlp"].lin
+    before = lin.clone()
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(torch.randn(2, 32, 32))
+    sparse_compile.recluster()
+    assert routes._sites["mlp"].lin is lin and not torch.equal(lin, before)
+
+
+def test_a_router_state_of_another_router_is_refused():
+    sparse_compile.reset_units()
+    torch.manual_seed(12)
+    net = Net()
+    x = torch.randn(2, 32, 32)
+    _fitted(net, x, {**OPTIONS, "router": "weighted"})
+    state = sparse_compile.route_state()
+    assert state["mlp"]["router"] == "weighted"
+    sparse_compile.reset_units()
+    sparse_compile.load_route_state(state)
+    compiled = torch.compile(net, backend="sparse", options={**OPTIONS, "router": "linear"})
+    with pytest.raises(ValueError, match="router='weighted'.*does not fit router='linear'"):
+        compiled(x)
+    del state["mlp"]["router"]
+    with pytest.raises(ValueError, match="with its router"):
+        sparse_compile.load_route_state(state)
 
 
 def test_an_op_spec_with_an_unknown_router_names_it():

@@ -32,7 +32,7 @@ from sparse_compile.ops import unit_perms
 from sparse_compile.route_fit import fit_routes, initial_groups, kept_by_group
 
 SAMPLE_ROWS_PER_CALL = 4096  # rows of x and H a probed call records (every T/4096-th row)
-SAMPLE_ROWS = 4096  # rows a site keeps for its fit (the latest)
+SAMPLE_ROWS = 4096  # rows a site keeps for its fit (the latest): one probed call of 4096+ tokens fills it
 REP_UNITS = 16  # representative units per group before the first fit
 
 
@@ -47,6 +47,7 @@ class RouteSite:
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
     lin: torch.Tensor | None = None  # float32 [G, features + 1]: router "linear" (x) or "weighted" (H on rep)
+    lin_router: str | None = None  # the router ``lin`` was made for
     router: str = "representatives"  # SparsityConfig.router (contract.ROUTERS)
     xs: list[torch.Tensor] = field(default_factory=list)
     hs: list[torch.Tensor] = field(default_factory=list)
@@ -88,8 +89,17 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
         first = s.cols[:, :REP_UNITS].long()  # op order
         s.rep = first if s.perm is None else s.perm[first]
     features = {"linear": w1.shape[1], "weighted": s.rep.numel()}.get(s.router)
-    if features is not None and (s.lin is None or s.lin.shape != (s.n_groups, features + 1)):
-        s.lin = torch.zeros(s.n_groups, features + 1, device=dev)
+    if features is None:
+        return
+    want = (s.n_groups, features + 1)
+    if s.lin is not None and (s.lin_router != s.router or s.lin.shape != want):
+        raise ValueError(
+            f"routed site: its router state (lin {tuple(s.lin.shape)}, router={s.lin_router!r}) does not fit "
+            f"router={s.router!r}, which needs lin {want}: load a checkpoint of the same router and model"
+        )
+    if s.lin is None:
+        s.lin = torch.zeros(want, device=dev)
+        s.lin_router = s.router
         if s.router == "weighted":  # each group's score: the sum of its own representatives' H
             own = torch.arange(features, device=dev) // s.rep.shape[1]
             s.lin[own, torch.arange(features, device=dev)] = 1.0
@@ -147,6 +157,7 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if fit.lin is not None:
             tensors["lin"] = fit.lin
+            s.lin_router = s.router
         unit_perms.broadcast_from_first(list(tensors.values()), group)  # every rank runs the first rank's fit
         for key, value in tensors.items():
             setattr(s, key, unit_perms.store(getattr(s, key), value))
@@ -161,34 +172,43 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
 STATE_KEYS = ("perm", "groups", "rep", "lin")
 
 
-def route_state() -> dict[str, dict[str, torch.Tensor | int]]:
-    """Site module path -> its fitted state (CPU tensors and n_groups), for a checkpoint."""
+def route_state() -> dict[str, dict[str, torch.Tensor | int | str]]:
+    """Site module path -> its fitted state (CPU tensors, n_groups, and the router ``lin`` was made for),
+    for a checkpoint."""
     out = {}
     for name, s in _sites.items():
         if s.rep is None:
             continue
         state = {k: getattr(s, k).detach().cpu().clone() for k in STATE_KEYS if getattr(s, k) is not None}
-        out[name] = {**state, "n_groups": s.n_groups}
+        out[name] = {**state, "n_groups": s.n_groups, **({"router": s.lin_router} if s.lin is not None else {})}
     return out
 
 
-def load_route_state(state: dict[str, dict[str, torch.Tensor | int]]) -> None:
+def load_route_state(state: dict[str, dict[str, torch.Tensor | int | str]]) -> None:
     """Set routed sites' state from route_state() (sites not yet compiled too)."""
     for name, saved in state.items():
         n_groups = int(saved["n_groups"])
         rep = torch.as_tensor(saved["rep"], dtype=torch.long)
         groups = torch.as_tensor(saved["groups"], dtype=torch.long)
-        if rep.dim() != 2 or rep.shape[0] != n_groups or groups.dim() != 3 or groups.shape[0] != n_groups:
+        lin = None if saved.get("lin") is None else torch.as_tensor(saved["lin"], dtype=torch.float32)
+        if (
+            rep.dim() != 2
+            or rep.shape[0] != n_groups
+            or groups.dim() != 3
+            or groups.shape[0] != n_groups
+            or (lin is not None and (lin.dim() != 2 or lin.shape[0] != n_groups or "router" not in saved))
+        ):
             raise ValueError(
-                f"load_route_state: {name!r}: rep {tuple(rep.shape)} and groups {tuple(groups.shape)} "
-                f"do not match n_groups={n_groups}"
+                f"load_route_state: {name!r}: rep {tuple(rep.shape)}, groups {tuple(groups.shape)} and lin "
+                f"{None if lin is None else tuple(lin.shape)} (with its router) do not match n_groups={n_groups}"
             )
         s = _sites.get(name)
         if s is None or s.n_groups != n_groups:
             s = _sites[name] = RouteSite(n_groups, (0, 0, 0), 1)  # pattern filled in by the op's first call
         s.perm = None if saved.get("perm") is None else torch.as_tensor(saved["perm"], dtype=torch.long).clone()
         s.groups, s.rep = groups.clone(), rep.clone()
-        s.lin = None if saved.get("lin") is None else torch.as_tensor(saved["lin"], dtype=torch.float32).clone()
+        s.lin = None if lin is None else lin.clone()
+        s.lin_router = None if lin is None else str(saved["router"])
         s.cols = None  # rebuilt from groups at the op's next call
 
 
