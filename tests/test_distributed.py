@@ -185,6 +185,58 @@ def test_recluster_under_torch_distributed_gives_every_rank_the_fit_of_the_summe
     assert "ranks recorded different sites or profile shapes" in r0["error"] and r0["error"] == r1["error"]
 
 
+ROUTED_REFIT = """
+import json, os, sys, torch, torch.distributed as dist
+import sparse_compile
+from sparse_compile.ops import routes
+
+def run(rank, port, router, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)  # the same weights on both ranks
+    net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 32))
+
+    class FFN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = net[0], net[2]
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)).square())
+
+    model = FFN()
+    options = {"activations": "16:4:16", "chunk": 4, "routes": 4, "router": router}
+    compiled = torch.compile(model, backend="sparse", options=options)
+    x = torch.randn(2, 48, 32, generator=torch.Generator().manual_seed(100 + rank))  # each rank its own batch
+    compiled(x)
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x)
+    sparse_compile.recluster()
+    (s,) = routes._sites.values()
+    state = {k: getattr(s, k).tolist() for k in ("perm", "groups", "rep", "lin")}
+    json.dump(state, open(f"{out}.{rank}", "w"))
+    dist.destroy_process_group()
+
+run(int(sys.argv[1]), *sys.argv[2:5])
+"""
+
+
+@pytest.mark.parametrize("router", ["weighted", "linear"])
+def test_routed_refit_under_torch_distributed_gives_every_rank_the_first_ranks_router(tmp_path, router):
+    """Two gloo ranks, each probing its own batch: recluster() sends the first rank's permutation, groups,
+    representatives and fitted router to both."""
+    out, port = tmp_path / "state", free_port()
+    cmd = [sys.executable, "-c", ROUTED_REFIT]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    ranks = [subprocess.Popen([*cmd, str(rank), port, router, str(out)], cwd=ROOT, **pipes) for rank in (0, 1)]
+    for p in ranks:
+        text, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, text[-3000:]
+    r0, r1 = (json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1))
+    assert r0 == r1
+    assert torch.tensor(r0["lin"]).abs().sum() > 0  # fitted, not the initial router
+
+
 FSDP_DTYPES = """
 import os, sys, torch, torch.distributed as dist
 from bench import distributed
