@@ -33,13 +33,14 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 from tabulate import tabulate
 
 from bench.data import CORPORA, Batches, Corpus
 from bench.env import environment, write_csv
-from bench.model import GPT, SIZES, train_step
+from bench.model import GPT, SIZES, GPTConfig, train_step
 from bench.tile_union import extra_work, layout_work, token_extras
 from sparse_compile.clustering import block_mass, cluster_units, kept_mass
 from sparse_compile.kernels.activation_mask import vnm_mask, vnm_select
@@ -57,16 +58,21 @@ def parse_pattern(text: str) -> tuple[int, int, int, int]:
 
 
 @torch.no_grad()
-def hidden(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> list[torch.Tensor]:
-    """H = relu(c_fc(x))^2 of every layer [sum of tokens, F], bf16, over ``batches``."""
-    per_layer: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+def hidden_and_inputs(
+    model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast, inputs: bool = True
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(H = relu(c_fc(x))^2 of every layer [sum of tokens, F] in bf16, each layer's FFN input x [sum of
+    tokens, d] or, without ``inputs``, nothing) over ``batches``."""
+    hs: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    xs: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+
+    def record(i: int, m: torch.nn.Module, inp: tuple[torch.Tensor, ...]) -> None:
+        hs[i].append(torch.relu(m.c_fc(inp[0])).square().reshape(-1, m.c_fc.out_features).to(torch.bfloat16))
+        if inputs:
+            xs[i].append(inp[0].reshape(-1, inp[0].shape[-1]))
+
     hooks = [
-        b.mlp.register_forward_hook(
-            lambda m, inp, out, i=i: per_layer[i].append(
-                torch.relu(m.c_fc(inp[0])).square().reshape(-1, m.c_fc.out_features).to(torch.bfloat16)
-            )
-        )
-        for i, b in enumerate(model.blocks)
+        b.mlp.register_forward_hook(lambda m, inp, out, i=i: record(i, m, inp)) for i, b in enumerate(model.blocks)
     ]
     try:
         with autocast():
@@ -75,7 +81,55 @@ def hidden(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocas
     finally:
         for h in hooks:
             h.remove()
-    return [torch.cat(hs) for hs in per_layer]
+    return [torch.cat(h) for h in hs], [torch.cat(x) for x in xs if x]
+
+
+def hidden(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> list[torch.Tensor]:
+    """H = relu(c_fc(x))^2 of every layer [sum of tokens, F], bf16, over ``batches``."""
+    return hidden_and_inputs(model, batches, autocast, inputs=False)[0]
+
+
+@dataclass
+class DenseRun:
+    """The dense model these probes train, its data and optimizer (bench.train's), bf16 autocast on CUDA."""
+
+    cfg: GPTConfig
+    model: GPT
+    compiled: torch.nn.Module
+    opt: torch.optim.Optimizer
+    train: Batches
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    gpu: bool
+
+    @classmethod
+    def make(cls, args: argparse.Namespace, size: str, batch_size: int, device: str) -> "DenseRun":
+        """From args.seed, .lr, .eval_batches, .data_dir and .corpus."""
+        torch.manual_seed(args.seed)
+        cfg = SIZES[size]
+        corpus = Corpus.load(args.data_dir, source=args.corpus)
+        train = Batches(corpus.train, batch_size, cfg.block_size, args.seed)
+        val = Batches(corpus.val, batch_size, cfg.block_size, 2)
+        val_batches = [val.next(device) for _ in range(args.eval_batches)]
+        model = GPT(cfg).to(device)
+        gpu = device == "cuda"
+        return cls(cfg, model, torch.compile(model), model.adamw(args.lr, 0.1, fused=gpu), train, val_batches, gpu)
+
+    def autocast(self):
+        return torch.autocast("cuda" if self.gpu else "cpu", dtype=torch.bfloat16, enabled=self.gpu)
+
+
+def train_to(compiled, model: GPT, opt, train: Batches, device: str, steps: list[int], lr: float, autocast):
+    """Train dense, yielding (step, last loss) at each of ``steps`` (ascending): linear warm-up over 5% of
+    the last, then cosine to 0.1 x ``lr`` at the last."""
+    done = 0
+    for target in steps:
+        for step in range(done, target):
+            for g in opt.param_groups:
+                warm = max(1, steps[-1] // 20)
+                g["lr"] = lr * min(1.0, (step + 1) / warm) * (0.55 + 0.45 * math.cos(math.pi * step / steps[-1]))
+            loss = train_step(compiled, model, opt, *train.next(device), autocast)
+        done = target
+        yield target, loss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,30 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device(device), "python -m bench.cluster_probe", argv)
     print("\n".join(f"{k}: {v}" for k, v in env.items()))
 
-    torch.manual_seed(args.seed)
-    cfg = SIZES[size]
-    corpus = Corpus.load(args.data_dir, source=args.corpus)
-    train = Batches(corpus.train, batch_size, cfg.block_size, args.seed)
-    val = Batches(corpus.val, batch_size, cfg.block_size, 2)
-    val_batches = [val.next(device) for _ in range(args.eval_batches)]
-    model = GPT(cfg).to(device)
-    compiled = torch.compile(model)
-    opt = model.adamw(args.lr, 0.1, fused=gpu)
-
-    def autocast():
-        return torch.autocast(device, dtype=torch.bfloat16, enabled=gpu)
-
+    run = DenseRun.make(args, size, batch_size, device)
+    cfg, model, train, val_batches, autocast = run.cfg, run.model, run.train, run.val_batches, run.autocast
     rows: list[dict] = []
     previous: dict[str, list[torch.Tensor]] = {}
-    done = 0
-    for target in fit_at:
-        for step in range(done, target):
-            for g in opt.param_groups:  # linear warm-up over 5% of the last fit step, then cosine to 10%
-                warm = max(1, fit_at[-1] // 20)
-                frac = min(1.0, (step + 1) / warm)
-                g["lr"] = args.lr * frac * (0.55 + 0.45 * math.cos(math.pi * step / fit_at[-1]))
-            loss = train_step(compiled, model, opt, *train.next(device), autocast)
-        done = step = target
+    for step, loss in train_to(run.compiled, model, run.opt, train, device, fit_at, args.lr, autocast):
         fit = hidden(model, [train.next(device) for _ in range(args.fit_batches)], autocast)
         held = hidden(model, val_batches, autocast)
         zeros = sum((h == 0).sum().item() for h in held) / sum(h.numel() for h in held)

@@ -298,56 +298,31 @@ def test_fit_with_the_linear_router_keeps_lloyds_groups_and_routes_by_x():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_compiled_linear_routed_model_matches_oracle_forward_and_grads(bias):
-    """router="linear": before the fit every token takes group 0; after it, the masked dense math routed by
-    the fitted router's scores, forward and gradients; the health probe's kept mass; causality."""
+@pytest.mark.parametrize("router", ["linear", "weighted"])
+def test_compiled_fitted_router_model_matches_oracle_forward_and_grads(router, bias):
+    """router="linear" / "weighted": before the fit every token takes group 0 / the representatives' route;
+    after it, the masked dense math routed by the fitted classifier's scores (of x / of the representatives'
+    H), forward and gradients; the health probe's kept mass; causality."""
     sparse_compile.reset_units()
     torch.manual_seed(7)
     net = Net(bias)
     x = torch.randn(2, 48, 32)
-    compiled = torch.compile(net, backend="sparse", options={**OPTIONS, "router": "linear"})
-    compiled(x)
-    s = routes._sites["mlp"]
-    assert s.router == "linear" and torch.equal(s.lin, torch.zeros(4, 33))
-    x2 = x.reshape(-1, 32)
-    w1, b1 = net.mlp.up.weight, net.mlp.up.bias
-    assert routes.route(s, x2, w1, b1).eq(0).all()
-    _matches_oracle(net, x, compiled)
-    compiled = _fitted(net, x, {**OPTIONS, "router": "linear"})
-    assert s.perm is not None and s.lin.abs().sum() > 0
-    assert "router=linear" in str(compile_reports()[-1])
-    route = routes.route(s, x2, w1, b1)
-    assert route.unique().numel() > 1
-    _matches_oracle(net, x, compiled)
-    h = (torch.relu(nn.functional.linear(x2, w1, b1)) ** 2).detach()
-    kept, total = routes.kept_and_total("mlp", x2, h)  # the health probe's kept mass: the linear route's
-    mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
-    assert kept / total == pytest.approx(float(mass.gather(1, route[:, None]).sum() / h.double().sum()), rel=1e-5)
-    _ignores_later_tokens(compiled, x)
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_compiled_weighted_routed_model_matches_oracle_forward_and_grads(bias):
-    """router="weighted": before the fit the representatives' route; after it, the masked dense math routed by
-    the fitted classifier of the representatives' H, forward and gradients; the health probe; causality."""
-    sparse_compile.reset_units()
-    torch.manual_seed(8)
-    net = Net(bias)
-    x = torch.randn(2, 48, 32)
-    compiled = torch.compile(net, backend="sparse", options={**OPTIONS, "router": "weighted"})
+    compiled = torch.compile(net, backend="sparse", options={**OPTIONS, "router": router})
     compiled(x)
     s = routes._sites["mlp"]
     x2 = x.reshape(-1, 32)
     w1, b1 = net.mlp.up.weight, net.mlp.up.bias
-    assert s.router == "weighted" and s.lin.shape == (4, s.rep.numel() + 1)
-    assert torch.equal(routes.route(s, x2, w1, b1), route_tokens(x2, w1, b1, s.rep))  # before the fit
-    compiled = _fitted(net, x, {**OPTIONS, "router": "weighted"})
-    assert "router=weighted" in str(compile_reports()[-1])
+    assert s.router == router and s.lin.shape == (4, (33 if router == "linear" else s.rep.numel() + 1))
+    before = torch.zeros(x2.shape[0], dtype=torch.long) if router == "linear" else route_tokens(x2, w1, b1, s.rep)
+    assert torch.equal(routes.route(s, x2, w1, b1), before)
+    _matches_oracle(net, x, compiled)
+    compiled = _fitted(net, x, {**OPTIONS, "router": router})
+    assert s.perm is not None and f"router={router}" in str(compile_reports()[-1])
     route = routes.route(s, x2, w1, b1)
     assert route.unique().numel() > 1
     _matches_oracle(net, x, compiled)
     h = (torch.relu(nn.functional.linear(x2, w1, b1)) ** 2).detach()
-    kept, total = routes.kept_and_total("mlp", x2, h)
+    kept, total = routes.kept_and_total("mlp", x2, h)  # the health probe's kept mass: the fitted route's
     mass = _group_mass_loop(h, s.groups, s.perm, 16, 4)
     assert kept / total == pytest.approx(float(mass.gather(1, route[:, None]).sum() / h.double().sum()), rel=1e-5)
     _ignores_later_tokens(compiled, x)

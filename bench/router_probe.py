@@ -1,0 +1,141 @@
+"""python -m bench.router_probe: which router keeps the most of each token's mass on held-out tokens?
+
+Trains the project's GPT dense (bench.cluster_probe's data, optimizer and schedule, bf16 autocast on
+CUDA) and, at each --fit-at step, fits every routed configuration (SparsityConfig.routes) with every
+router (SparsityConfig.router) as sparse_compile.recluster() would: on a sample of --sample-rows rows
+of x and H = relu(x W1^T + b1)^2 drawn evenly from --fit-batches training batches, per layer
+(sparse_compile.route_fit.fit_routes). Then, on held-out validation batches, all layers pooled:
+- kept: the fraction of sum H that the routed tokens keep (each token its router's group);
+- oracle: the same with each token in the group keeping most of its H (the bound of those groups);
+- agree: the fraction of tokens the router sends to that group;
+- fit_s: the seconds of the fits.
+
+In training runs of routed tokens the sparse phase's kept mass ranks their final losses
+(bench/RESULTS.md, 6b), so a router can be screened here before a training run. Configurations are
+G@V:4:McC, e.g. 32@32:4:16c64 is {"activations": "32:4:16", "chunk": 64, "routes": 32}. Writes a
+tabulate table and --csv.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+from tabulate import tabulate
+
+from bench.cluster_probe import DenseRun, hidden_and_inputs, parse_pattern, train_to
+from bench.data import CORPORA
+from bench.env import environment, write_csv
+from bench.model import SIZES
+from sparse_compile.contract import ROUTERS
+from sparse_compile.kernels.routing import route_linear, route_of_activations
+from sparse_compile.route_fit import RouteFit, fit_routes, kept_by_group
+
+
+def parse_routes(text: str) -> tuple[int, int, int, int]:
+    """'32@32:4:16c64' -> (G, V, M, c) = (32, 32, 16, 64)."""
+    groups, _, pattern = text.partition("@")
+    try:
+        g = int(groups)
+        v, n, m, c = parse_pattern(pattern)
+    except ValueError:
+        raise ValueError(f"routes {text!r}: expected G@V:4:McC (for example 32@32:4:16c64)") from None
+    if n != 4 or g < 2 or c < 2 or v < 2:
+        raise ValueError(f"routes {text!r}: expected G >= 2 groups of V:4:M activations, V > 1, in chunks c > 1")
+    return g, v, m, c
+
+
+def routed(fit: RouteFit, router: str, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """int64 [T]: each held-out token's group under ``router`` (x [T, d], h [T, F] units in their own
+    order), as the routed op and the health probe route it (sparse_compile/ops/routes.py)."""
+    if router == "linear":
+        return route_linear(x, fit.lin)
+    h_rep = h.float().index_select(1, fit.rep.reshape(-1))
+    if router == "weighted":
+        return route_linear(h_rep, fit.lin)
+    return route_of_activations(h_rep, fit.rep.shape[0])  # representatives (the oracle's is set by the caller)
+
+
+def evenly(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """At most ``rows`` rows of t, every len(t) // rows-th (as a probed routed call samples them)."""
+    return t[:: max(1, t.shape[0] // rows)][:rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.router_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--size", choices=sorted(SIZES), help="model size (default: 125m-d1024 on CUDA, tiny on CPU)")
+    p.add_argument("--fit-at", default=None, help="steps at which to fit and measure (default: 1200 CUDA, 20 CPU)")
+    p.add_argument("--routes", default="32@32:4:16c64", help="comma-separated G@V:4:McC configurations")
+    p.add_argument("--routers", default=",".join(ROUTERS), help=f"comma-separated, of {', '.join(ROUTERS)}")
+    p.add_argument("--sample-rows", type=int, default=4096, help="rows of x and H each fit sees, per layer")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: 16 CUDA, 8 CPU)")
+    p.add_argument("--fit-batches", type=int, default=1, help="training batches the sample is drawn from")
+    p.add_argument("--eval-batches", type=int, default=2, help="validation batches the kept mass is measured on")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--corpus", choices=CORPORA, default="packages")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--csv", help="write the rows here")
+    args = p.parse_args(argv)
+    try:
+        configs = {text: parse_routes(text) for text in args.routes.split(",")}
+    except ValueError as e:
+        p.error(str(e))
+    routers = [r for r in args.routers.split(",") if r]
+    if not routers or any(r not in ROUTERS for r in routers):
+        p.error(f"--routers {args.routers!r}: expected comma-separated names of {', '.join(ROUTERS)}")
+    if args.sample_rows < 2:
+        p.error(f"--sample-rows {args.sample_rows}: expected an int >= 2")
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    size = args.size or ("125m-d1024" if gpu else "tiny")
+    try:
+        fit_at = sorted(int(s) for s in (args.fit_at or ("1200" if gpu else "20")).split(","))
+    except ValueError:
+        p.error(f"--fit-at {args.fit_at!r}: expected comma-separated steps")
+    env = environment(torch.device(device), "python -m bench.router_probe", argv)
+    print("\n".join(f"{k}: {v}" for k, v in env.items()))
+
+    run = DenseRun.make(args, size, args.batch_size or (16 if gpu else 8), device)
+    rows: list[dict] = []
+    for step, loss in train_to(run.compiled, run.model, run.opt, run.train, device, fit_at, args.lr, run.autocast):
+        fit_batches = [run.train.next(device) for _ in range(args.fit_batches)]
+        fit_h, fit_x = hidden_and_inputs(run.model, fit_batches, run.autocast)
+        held_h, held_x = hidden_and_inputs(run.model, run.val_batches, run.autocast)
+        if gpu:  # the routed op receives x in autocast's dtype
+            fit_x, held_x = ([x.to(torch.bfloat16) for x in xs] for xs in (fit_x, held_x))
+        print(f"step {step}: train loss {loss.item():.4f}", flush=True)
+        for text, (g, _, m, c) in configs.items():
+            for router in routers:
+                kept = oracle = total = agree = 0.0
+                fit_s = 0.0
+                for xs, hs, xh, hh in zip(fit_x, fit_h, held_x, held_h, strict=True):
+                    t0 = time.perf_counter()
+                    fit = fit_routes(evenly(xs, args.sample_rows).float(), evenly(hs, args.sample_rows), g, m, c,
+                                     router=router)  # fmt: skip
+                    if gpu:
+                        torch.cuda.synchronize()
+                    fit_s += time.perf_counter() - t0
+                    with torch.no_grad():
+                        u = hh.float()[:, fit.perm].reshape(hh.shape[0], -1, m, c).sum(dim=3)
+                        by_group = kept_by_group(u, fit.groups)  # [T, G]
+                        best = by_group.argmax(dim=1)
+                        route = best if router == "oracle" else routed(fit, router, xh.float(), hh)
+                        kept += float(by_group.gather(1, route[:, None]).sum())
+                        oracle += float(by_group.max(dim=1).values.sum())
+                        total += float(u.sum())
+                        agree += float((route == best).sum()) / len(fit_x) / route.numel()
+                row = {"step": step, "routes": text, "router": router, "kept": kept / total, "oracle": oracle / total,
+                       "agree": agree, "fit_s": fit_s}  # fmt: skip
+                rows.append(row)
+                print(f"  {text:>16} {router:>16}: kept {row['kept']:.4f} (groups' oracle {row['oracle']:.4f}), "
+                      f"agree {agree:.3f}, fit {fit_s:.1f} s", flush=True)  # fmt: skip
+        if args.csv:  # after every step: a run stopped later keeps the steps it measured
+            write_csv(args.csv, rows, ["step", "routes", "router", "kept", "oracle", "agree", "fit_s"])
+    print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
