@@ -33,6 +33,8 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +61,10 @@ def parse_pattern(text: str) -> tuple[int, int, int, int]:
 
 @torch.no_grad()
 def hidden_and_inputs(
-    model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast, inputs: bool = True
+    model: GPT,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    autocast: Callable[[], AbstractContextManager],
+    inputs: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(H = relu(c_fc(x))^2 of every layer [sum of tokens, F] in bf16, each layer's FFN input x [sum of
     tokens, d] or, without ``inputs``, nothing) over ``batches``."""
@@ -84,7 +89,9 @@ def hidden_and_inputs(
     return [torch.cat(h) for h in hs], [torch.cat(x) for x in xs if x]
 
 
-def hidden(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> list[torch.Tensor]:
+def hidden(
+    model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast: Callable[[], AbstractContextManager]
+) -> list[torch.Tensor]:
     """H = relu(c_fc(x))^2 of every layer [sum of tokens, F], bf16, over ``batches``."""
     return hidden_and_inputs(model, batches, autocast, inputs=False)[0]
 
@@ -114,13 +121,24 @@ class DenseRun:
         gpu = device == "cuda"
         return cls(cfg, model, torch.compile(model), model.adamw(args.lr, 0.1, fused=gpu), train, val_batches, gpu)
 
-    def autocast(self):
+    def autocast(self) -> torch.autocast:
         return torch.autocast("cuda" if self.gpu else "cpu", dtype=torch.bfloat16, enabled=self.gpu)
 
 
-def train_to(compiled, model: GPT, opt, train: Batches, device: str, steps: list[int], lr: float, autocast):
+def train_to(
+    compiled: torch.nn.Module,
+    model: GPT,
+    opt: torch.optim.Optimizer,
+    train: Batches,
+    device: str,
+    steps: list[int],
+    lr: float,
+    autocast: Callable[[], AbstractContextManager],
+) -> Iterator[tuple[int, torch.Tensor]]:
     """Train dense, yielding (step, last loss) at each of ``steps`` (ascending): linear warm-up over 5% of
     the last, then cosine to 0.1 x ``lr`` at the last."""
+    if not steps or steps[0] < 1:
+        raise ValueError(f"steps {steps}: expected ascending steps >= 1 to measure at")
     done = 0
     for target in steps:
         for step in range(done, target):

@@ -255,6 +255,7 @@ def run_one(
     device = torch.device(args.device, d.local_rank) if args.device == "cuda" else torch.device(args.device)
     gpu = device.type == "cuda"
     torch._dynamo.reset()
+    sparse_compile.reset_units()  # no site state (permutations, routes) carried over from another size or config
     cfg = SIZES[size]
     cfg = dataclasses.replace(cfg, block_size=max(cfg.block_size, args.seq_len))
     torch.manual_seed(0)

@@ -10,8 +10,9 @@ of x and H = relu(x W1^T + b1)^2 drawn evenly from --fit-batches training batche
 - agree: the fraction of tokens the router sends to that group;
 - fit_s: the seconds of the fits.
 
-In training runs of routed tokens the sparse phase's kept mass ranks their final losses
-(bench/RESULTS.md, 6b), so a router can be screened here before a training run. Configurations are
+Among routed training runs refitted alike (bench/RESULTS.md, 6b, 4096 sampled rows) the sparse phase's
+kept mass ranks the final losses, so a router may be screened here before a training run; this probe
+measures a dense-trained model, not the model a sparse phase trains. Configurations are
 G@V:4:McC, e.g. 32@32:4:16c64 is {"activations": "32:4:16", "chunk": 64, "routes": 32}. Writes a
 tabulate table and --csv.
 """
@@ -45,15 +46,23 @@ def parse_routes(text: str) -> tuple[int, int, int, int]:
     return g, v, m, c
 
 
-def routed(fit: RouteFit, router: str, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """int64 [T]: each held-out token's group under ``router`` (x [T, d], h [T, F] units in their own
-    order), as the routed op and the health probe route it (sparse_compile/ops/routes.py)."""
-    if router == "linear":
-        return route_linear(x, fit.lin)
+@torch.no_grad()
+def measure(fit: RouteFit, router: str, x: torch.Tensor, h: torch.Tensor, m: int, c: int) -> tuple[float, ...]:
+    """(mass kept, mass the groups' oracle keeps, total mass, tokens routed to their best group) of held-out
+    rows x [T, d], h [T, F] (units in their own order) under ``router`` with ``fit``'s state, routed as the op
+    and the health probe route them (sparse_compile/ops/routes.py)."""
+    u = h.float()[:, fit.perm].reshape(h.shape[0], -1, m, c).sum(dim=3)  # [T, runs, M] chunk masses, op order
+    by_group = kept_by_group(u, fit.groups)  # [T, G]
+    best = by_group.argmax(dim=1)
     h_rep = h.float().index_select(1, fit.rep.reshape(-1))
-    if router == "weighted":
-        return route_linear(h_rep, fit.lin)
-    return route_of_activations(h_rep, fit.rep.shape[0])  # representatives (the oracle's is set by the caller)
+    route = {
+        "oracle": lambda: best,
+        "linear": lambda: route_linear(x, fit.lin),
+        "weighted": lambda: route_linear(h_rep, fit.lin),
+        "representatives": lambda: route_of_activations(h_rep, fit.rep.shape[0]),
+    }[router]()
+    kept = by_group.gather(1, route[:, None]).sum()
+    return float(kept), float(by_group.max(dim=1).values.sum()), float(u.sum()), float((route == best).sum())
 
 
 def evenly(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -93,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fit_at = sorted(int(s) for s in (args.fit_at or ("1200" if gpu else "20")).split(","))
     except ValueError:
-        p.error(f"--fit-at {args.fit_at!r}: expected comma-separated steps")
+        fit_at = []
+    if not fit_at or fit_at[0] < 1:
+        p.error(f"--fit-at {args.fit_at!r}: expected comma-separated steps >= 1")
     env = environment(torch.device(device), "python -m bench.router_probe", argv)
     print("\n".join(f"{k}: {v}" for k, v in env.items()))
 
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {step}: train loss {loss.item():.4f}", flush=True)
         for text, (g, _, m, c) in configs.items():
             for router in routers:
-                kept = oracle = total = agree = 0.0
+                sums = [0.0] * 4  # kept, oracle, total, tokens at their best group; over the layers
                 fit_s = 0.0
                 for xs, hs, xh, hh in zip(fit_x, fit_h, held_x, held_h, strict=True):
                     t0 = time.perf_counter()
@@ -117,15 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     if gpu:
                         torch.cuda.synchronize()
                     fit_s += time.perf_counter() - t0
-                    with torch.no_grad():
-                        u = hh.float()[:, fit.perm].reshape(hh.shape[0], -1, m, c).sum(dim=3)
-                        by_group = kept_by_group(u, fit.groups)  # [T, G]
-                        best = by_group.argmax(dim=1)
-                        route = best if router == "oracle" else routed(fit, router, xh.float(), hh)
-                        kept += float(by_group.gather(1, route[:, None]).sum())
-                        oracle += float(by_group.max(dim=1).values.sum())
-                        total += float(u.sum())
-                        agree += float((route == best).sum()) / len(fit_x) / route.numel()
+                    sums = [a + b for a, b in zip(sums, measure(fit, router, xh, hh, m, c), strict=True)]
+                kept, oracle, total, at_best = sums
+                agree = at_best / sum(hh.shape[0] for hh in held_h)
                 row = {"step": step, "routes": text, "router": router, "kept": kept / total, "oracle": oracle / total,
                        "agree": agree, "fit_s": fit_s}  # fmt: skip
                 rows.append(row)

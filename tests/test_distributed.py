@@ -234,7 +234,7 @@ def test_routed_refit_under_torch_distributed_gives_every_rank_the_first_ranks_r
         assert p.returncode == 0, text[-3000:]
     r0, r1 = (json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1))
     assert r0 == r1
-    assert torch.tensor(r0["lin"]).abs().sum() > 0  # fitted, not the initial router
+    assert torch.tensor(r0["lin"])[:, -1].abs().sum() > 0  # fitted: an unfitted router's biases are 0
 
 
 FSDP_DTYPES = """

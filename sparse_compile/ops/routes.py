@@ -47,7 +47,8 @@ class RouteSite:
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
     lin: torch.Tensor | None = None  # float32 [G, features + 1]: router "linear" (x) or "weighted" (H on rep)
-    lin_router: str | None = None  # the router ``lin`` was made for
+    lin_router: str | None = None  # the router ``lin`` was made for (None: a checkpoint that did not say)
+    loaded: bool = False  # the state came from load_route_state (a checkpoint), not from this process
     router: str = "representatives"  # SparsityConfig.router (contract.ROUTERS)
     xs: list[torch.Tensor] = field(default_factory=list)
     hs: list[torch.Tensor] = field(default_factory=list)
@@ -92,14 +93,17 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
     if features is None:
         return
     want = (s.n_groups, features + 1)
-    if s.lin is not None and (s.lin_router != s.router or s.lin.shape != want):
-        raise ValueError(
-            f"routed site: its router state (lin {tuple(s.lin.shape)}, router={s.lin_router!r}) does not fit "
-            f"router={s.router!r}, which needs lin {want}: load a checkpoint of the same router and model"
-        )
+    if s.lin is not None and (s.lin_router not in (None, s.router) or s.lin.shape != want):
+        if s.loaded:
+            raise ValueError(
+                f"routed site: its loaded router state (lin {tuple(s.lin.shape)}, router={s.lin_router!r}) does "
+                f"not fit router={s.router!r}, which needs lin {want}: load a checkpoint of the same router and "
+                "model, or call sparse_compile.reset_units() to start from an unfitted router"
+            )
+        s.lin = None  # another router or model ran this site in this process: start again
     if s.lin is None:
         s.lin = torch.zeros(want, device=dev)
-        s.lin_router = s.router
+        s.lin_router, s.loaded = s.router, False
         if s.router == "weighted":  # each group's score: the sum of its own representatives' H
             own = torch.arange(features, device=dev) // s.rep.shape[1]
             s.lin[own, torch.arange(features, device=dev)] = 1.0
@@ -157,7 +161,7 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, di
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if fit.lin is not None:
             tensors["lin"] = fit.lin
-            s.lin_router = s.router
+            s.lin_router, s.loaded = s.router, False
         unit_perms.broadcast_from_first(list(tensors.values()), group)  # every rank runs the first rank's fit
         for key, value in tensors.items():
             setattr(s, key, unit_perms.store(getattr(s, key), value))
@@ -196,11 +200,11 @@ def load_route_state(state: dict[str, dict[str, torch.Tensor | int | str]]) -> N
             or rep.shape[0] != n_groups
             or groups.dim() != 3
             or groups.shape[0] != n_groups
-            or (lin is not None and (lin.dim() != 2 or lin.shape[0] != n_groups or "router" not in saved))
+            or (lin is not None and (lin.dim() != 2 or lin.shape[0] != n_groups))
         ):
             raise ValueError(
                 f"load_route_state: {name!r}: rep {tuple(rep.shape)}, groups {tuple(groups.shape)} and lin "
-                f"{None if lin is None else tuple(lin.shape)} (with its router) do not match n_groups={n_groups}"
+                f"{None if lin is None else tuple(lin.shape)} do not match n_groups={n_groups}"
             )
         s = _sites.get(name)
         if s is None or s.n_groups != n_groups:
@@ -208,7 +212,8 @@ def load_route_state(state: dict[str, dict[str, torch.Tensor | int | str]]) -> N
         s.perm = None if saved.get("perm") is None else torch.as_tensor(saved["perm"], dtype=torch.long).clone()
         s.groups, s.rep = groups.clone(), rep.clone()
         s.lin = None if lin is None else lin.clone()
-        s.lin_router = None if lin is None else str(saved["router"])
+        s.lin_router = None if saved.get("router") is None else str(saved["router"])
+        s.loaded = True
         s.cols = None  # rebuilt from groups at the op's next call
 
 
