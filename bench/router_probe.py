@@ -29,7 +29,7 @@ from bench.data import CORPORA
 from bench.env import environment, write_csv
 from bench.model import SIZES
 from sparse_compile.contract import ROUTERS
-from sparse_compile.kernels.routing import route_linear, route_of_activations
+from sparse_compile.ops import routes
 from sparse_compile.route_fit import RouteFit, fit_routes, kept_by_group
 
 
@@ -47,20 +47,19 @@ def parse_routes(text: str) -> tuple[int, int, int, int]:
 
 
 @torch.no_grad()
-def measure(fit: RouteFit, router: str, x: torch.Tensor, h: torch.Tensor, m: int, c: int) -> tuple[float, ...]:
+def measure(
+    fit: RouteFit, router: str, x: torch.Tensor, h: torch.Tensor, pattern: tuple[int, int, int], c: int
+) -> tuple[float, ...]:
     """(mass kept, mass the groups' oracle keeps, total mass, tokens routed to their best group) of held-out
     rows x [T, d], h [T, F] (units in their own order) under ``router`` with ``fit``'s state, routed as the op
-    and the health probe route them (sparse_compile/ops/routes.py)."""
-    u = h.float()[:, fit.perm].reshape(h.shape[0], -1, m, c).sum(dim=3)  # [T, runs, M] chunk masses, op order
+    routes them (a site holding the fit: sparse_compile/ops/routes.route_of_rows)."""
+    site = routes.RouteSite(fit.groups.shape[0], pattern, c, perm=fit.perm, groups=fit.groups, rep=fit.rep,
+                            lin=fit.lin, router=router)  # fmt: skip
+    hp = h.float()[:, fit.perm]  # the op's unit order
+    u = hp.reshape(h.shape[0], -1, pattern[2], c).sum(dim=3)  # [T, runs, M] chunk masses
     by_group = kept_by_group(u, fit.groups)  # [T, G]
     best = by_group.argmax(dim=1)
-    h_rep = h.float().index_select(1, fit.rep.reshape(-1))
-    route = {
-        "oracle": lambda: best,
-        "linear": lambda: route_linear(x, fit.lin),
-        "weighted": lambda: route_linear(h_rep, fit.lin),
-        "representatives": lambda: route_of_activations(h_rep, fit.rep.shape[0]),
-    }[router]()
+    route = routes.route_of_rows(site, x, h, hp)
     kept = by_group.gather(1, route[:, None]).sum()
     return float(kept), float(by_group.max(dim=1).values.sum()), float(u.sum()), float((route == best).sum())
 
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if gpu:  # the routed op receives x in autocast's dtype
             fit_x, held_x = ([x.to(torch.bfloat16) for x in xs] for xs in (fit_x, held_x))
         print(f"step {step}: train loss {loss.item():.4f}", flush=True)
-        for text, (g, _, m, c) in configs.items():
+        for text, (g, v, m, c) in configs.items():
             for router in routers:
                 sums = [0.0] * 4  # kept, oracle, total, tokens at their best group; over the layers
                 fit_s = 0.0
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     if gpu:
                         torch.cuda.synchronize()
                     fit_s += time.perf_counter() - t0
-                    sums = [a + b for a, b in zip(sums, measure(fit, router, xh, hh, m, c), strict=True)]
+                    sums = [a + b for a, b in zip(sums, measure(fit, router, xh, hh, (v, 4, m), c), strict=True)]
                 kept, oracle, total, at_best = sums
                 agree = at_best / sum(hh.shape[0] for hh in held_h)
                 row = {"step": step, "routes": text, "router": router, "kept": kept / total, "oracle": oracle / total,

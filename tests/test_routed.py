@@ -278,17 +278,30 @@ def test_linear_router_fit_minimizes_its_objective_and_learns_a_readable_group()
         assert objective(w + 0.05 * dw, b + 0.05 * db) > best - 1e-6
 
 
-def test_fit_with_the_linear_router_keeps_lloyds_groups_and_routes_by_x():
-    """router="linear": the planted kinds (readable from x) are found and routed by x alone."""
-    g = torch.Generator().manual_seed(0)
-    s, d, m, c, runs = 2048, 16, 8, 4, 2
+PLANTED = (2048, 16, 8, 4, 2)  # tokens S, d, M, chunk c, runs: H has M c runs = 64 units
+
+
+def _planted_kinds(seed: int, readable_x: bool = True, background: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [S, d], H [S, 64]): tokens of 4 kinds, each firing its own quarter of the units (scattered over
+    chunks before a fit) on top of uniform activity up to ``background``; with ``readable_x`` the kind is
+    also a direction of x."""
+    g = torch.Generator().manual_seed(seed)
+    s, d, m, c, runs = PLANTED
     h = m * c * runs
     kind = torch.randint(0, 4, (s,), generator=g)
-    x = torch.randn(s, d, generator=g) * 0.1
-    x[torch.arange(s), kind] += 3.0
+    x = torch.randn(s, d, generator=g) * (0.1 if readable_x else 1.0)
+    if readable_x:
+        x[torch.arange(s), kind] += 3.0
     units = torch.randperm(h, generator=g).reshape(4, h // 4)
-    act = torch.zeros(s, h)
+    act = torch.rand(s, h, generator=g) * background if background else torch.zeros(s, h)
     act[torch.arange(s)[:, None], units[kind]] = torch.rand(s, h // 4, generator=g) + 0.5
+    return x, act
+
+
+def test_fit_with_the_linear_router_keeps_lloyds_groups_and_routes_by_x():
+    """router="linear": the planted kinds (readable from x) are found and routed by x alone."""
+    s, d, m, c, runs = PLANTED
+    x, act = _planted_kinds(0)
     fit = fit_routes(x, act, 4, m, c, router="linear")
     assert fit.lin is not None and fit.lin.shape == (4, d + 1)
     assert fit.oracle_kept > 0.95 and fit.routed_kept > 0.95
@@ -329,14 +342,9 @@ def test_compiled_fitted_router_model_matches_oracle_forward_and_grads(router, b
 
 
 def test_fit_with_the_weighted_router_routes_planted_kinds_by_the_representatives():
-    g = torch.Generator().manual_seed(9)
-    s, d, m, c, runs = 2048, 16, 8, 4, 2
-    h = m * c * runs
-    kind = torch.randint(0, 4, (s,), generator=g)
-    x = torch.randn(s, d, generator=g)
-    units = torch.randperm(h, generator=g).reshape(4, h // 4)
-    act = torch.rand(s, h, generator=g) * 0.05
-    act[torch.arange(s)[:, None], units[kind]] = torch.rand(s, h // 4, generator=g) + 0.5
+    """router="weighted": the planted kinds, not readable from x, are routed by the representatives' H."""
+    s, _, m, c, runs = PLANTED
+    x, act = _planted_kinds(9, readable_x=False, background=0.05)
     fit = fit_routes(x, act, 4, m, c, router="weighted", r=4)
     assert fit.lin.shape == (4, 4 * 4 + 1) and fit.oracle_kept > 0.9 and fit.routed_kept > 0.9
     u = act[:, fit.perm].reshape(s, runs, m, c).sum(dim=3)
@@ -372,18 +380,11 @@ def test_gather_kernels_match_reference_in_the_interpreter():
 def test_fit_finds_planted_groups_and_a_router_that_sees_them():
     """Tokens of 4 kinds, each firing its own quarter of the units, the kind readable from x: the fit's
     oracle and routed kept mass reach ~1, where any fixed group keeps ~1/4."""
-    g = torch.Generator().manual_seed(0)
-    s, d, m, c, runs = 2048, 16, 8, 4, 2
-    h = m * c * runs
-    kind = torch.randint(0, 4, (s,), generator=g)
-    x = torch.randn(s, d, generator=g) * 0.1
-    x[torch.arange(s), kind] += 3.0
-    units = torch.randperm(h, generator=g).reshape(4, h // 4)  # scattered over chunks before the fit
-    act = torch.zeros(s, h)
-    act[torch.arange(s)[:, None], units[kind]] = torch.rand(s, h // 4, generator=g) + 0.5
+    _, _, m, c, runs = PLANTED
+    x, act = _planted_kinds(0)
     fit = fit_routes(x, act, 4, m, c)
     assert fit.oracle_kept > 0.95 and fit.routed_kept > 0.95
-    assert torch.equal(fit.perm.sort().values, torch.arange(h))
+    assert torch.equal(fit.perm.sort().values, torch.arange(m * c * runs))
 
 
 @pytest.mark.parametrize("router", ["representatives", "weighted", "linear", "oracle"])

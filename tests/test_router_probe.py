@@ -41,7 +41,7 @@ def test_measure_keeps_what_the_health_probe_counts_for_a_site_with_that_fit(rou
     x = torch.randn(t, d, generator=g)
     act = torch.relu(x @ w1.t()).square()
     fit = fit_routes(x[:256], act[:256], n_groups, m, c, router=router)
-    kept, oracle, total, at_best = measure(fit, router, x[256:], act[256:], m, c)
+    kept, oracle, total, at_best = measure(fit, router, x[256:], act[256:], (16, 4, m), c)
     site = routes.RouteSite(n_groups, (16, 4, m), c, perm=fit.perm, groups=fit.groups, rep=fit.rep,
                             cols=group_columns(fit.groups, m, c), lin=fit.lin, router=router)  # fmt: skip
     routes._sites["probe"] = site

@@ -15,6 +15,7 @@ new state. Under torch.distributed every rank fits on its own sample and the fir
 sent to all: the routing stays the same on every rank, and no token leaves its rank.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +26,6 @@ from sparse_compile.kernels.routing import (
     rep_activations,
     route_linear,
     route_of_activations,
-    route_tokens,
     routed_mask,
 )
 from sparse_compile.ops import unit_perms
@@ -123,17 +123,42 @@ def route_by_mass(s: RouteSite, hp: torch.Tensor) -> torch.Tensor:
     return kept_by_group(u, s.groups.to(hp.device)).argmax(dim=1)
 
 
-def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
-    """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order:
-    by the representatives' router, the linear router, or with router "oracle" the group keeping most of
-    the row's H."""
-    if s.router == "oracle":  # F1 on every unit: H = relu(x W1^T + b1)^2, the square in float32
-        return route_by_mass(s, _op_order(s, torch.relu(F.linear(x2, w1, b1)).float().square()))
+def _route(
+    s: RouteSite, x: torch.Tensor, h_rep: Callable[[], torch.Tensor], hp: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """int64 [T]: the group of each row of x [T, d] under the site's router, reading what that router
+    reads: ``h_rep()``, float32 H on the representatives [T, G r] (the representatives' sum per group,
+    or the weighted router's classifier), x (the linear router), or ``hp()``, float32 H in the op's unit
+    order [T, h] (the oracle: the group keeping most of the row's H)."""
+    if s.router == "oracle":
+        return route_by_mass(s, hp())
     if s.router == "linear":
-        return route_linear(x2, s.lin)
+        return route_linear(x, s.lin.to(x.device))
     if s.router == "weighted":
-        return route_linear(rep_activations(x2, w1, b1, s.rep), s.lin)
-    return route_tokens(x2, w1, b1, s.rep)
+        return route_linear(h_rep(), s.lin.to(x.device))
+    return route_of_activations(h_rep(), s.n_groups)
+
+
+def route(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
+    """int64 [T]: the group of each row of x2 [T, d], from w1 [h, d], b1 with units in their own order;
+    F1 on the representatives only, or with router "oracle" on every unit."""
+    return _route(
+        s,
+        x2,
+        lambda: rep_activations(x2, w1, b1, s.rep),
+        lambda: _op_order(s, torch.relu(F.linear(x2, w1, b1)).float().square()),
+    )
+
+
+def route_of_rows(s: RouteSite, x: torch.Tensor, h: torch.Tensor, hp: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [T]: what ``route`` gives rows x [T, d] whose H [T, F] (units in their own order) is at hand:
+    H read, not computed (``hp``: H already in the op's unit order, if the caller has it)."""
+    return _route(
+        s,
+        x,
+        lambda: h.float().index_select(1, s.rep.to(h.device).reshape(-1)),
+        lambda: _op_order(s, h) if hp is None else hp,
+    )
 
 
 def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
@@ -236,15 +261,5 @@ def kept_and_total(name: str, x: torch.Tensor, h: torch.Tensor) -> tuple[float, 
         return None
     with torch.no_grad():
         hf = _op_order(s, h)
-        if s.router == "oracle":
-            routed = route_by_mass(s, hf)
-        elif s.router == "linear":
-            routed = route_linear(x, s.lin.to(x.device))
-        else:
-            h_rep = h.float().index_select(1, s.rep.to(h.device).reshape(-1))
-            if s.router == "weighted":
-                routed = route_linear(h_rep, s.lin.to(h.device))
-            else:
-                routed = route_of_activations(h_rep, s.n_groups)
-        keep = routed_mask(routed, s.cols.to(h.device), h.shape[1])
+        keep = routed_mask(route_of_rows(s, x, h, hf), s.cols.to(h.device), h.shape[1])
         return float((hf * keep).sum()), float(hf.sum())
