@@ -11,8 +11,9 @@ of x and H = relu(x W1^T + b1)^2 drawn evenly from --fit-batches training batche
 - fit_s: the seconds of the fits.
 
 Among routed training runs refitted alike (bench/RESULTS.md, 6b, 4096 sampled rows) the sparse phase's
-kept mass ranks the final losses, so a router may be screened here before a training run; this probe
-measures a dense-trained model, not the model a sparse phase trains. Configurations are
+kept mass ranks the final losses. This probe measures a dense-trained model, not the model a sparse phase
+trains: it ranked the weighted router above the representatives as training did, and the linear router
+above both, which training did not (6b). Configurations are
 G@V:4:McC, e.g. 32@32:4:16c64 is {"activations": "32:4:16", "chunk": 64, "routes": 32}. Writes a
 tabulate table and --csv.
 """

@@ -12,6 +12,7 @@ DEVICES = ("cpu", "cuda")  # device types with kernels
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes of x, the weights and biases
 GATHER_GEMMS = ("F2", "B1", "B3")  # gather-path GEMMs that may run on cuBLAS instead (the spec's dense_gemms)
 ROUTERS = ("representatives", "weighted", "linear", "oracle")  # SparsityConfig.router: how a token picks its group
+DEFAULT_ROUTER = "weighted"  # kept more and trained closer to dense than "representatives" (bench/RESULTS.md, 6b)
 
 
 def op_spec(config, plan=None, units: str | None = None) -> str:
@@ -25,7 +26,7 @@ def op_spec(config, plan=None, units: str | None = None) -> str:
         + (";causal=1" if config.causal else "")
         + (f";score_rows={config.score_rows}" if config.score_rows is not None else "")
         + (f";routes={config.routes}" if config.routes is not None else "")
-        + (f";router={config.router}" if config.router != "representatives" else "")
+        + (f";router={config.router}" if config.router != DEFAULT_ROUTER else "")
         + (f";token_extra={config.token_extra}" if config.token_extra else "")
     )
     if plan is not None:

@@ -212,8 +212,7 @@ class Report:
             + (f", score_rows={c.score_rows}" if c.score_rows is not None else "")
             + (", permute" if c.permute else "")
             + (f", token_extra={c.token_extra}" if c.token_extra else "")
-            + (f", routes={c.routes}" if c.routes is not None else "")
-            + (f", router={c.router}" if c.router != "representatives" else "")
+            + (f", routes={c.routes}, router={c.router}" if c.routes is not None else "")
             + (f", weight_copies={c.weight_copies}" if c.weight_copies != "keep" else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"
         )

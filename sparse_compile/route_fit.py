@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_compile.clustering import cluster_units
+from sparse_compile.contract import DEFAULT_ROUTER
 from sparse_compile.kernels.routing import group_columns, route_linear, route_of_activations
 
 LINEAR_DECAY = 1e-2  # the linear router's L2 penalty on its weights over standardized x (per weight)
@@ -144,7 +145,7 @@ def fit_routes(
     rounds: int = 3,
     iters: int = 20,
     r: int = 16,
-    router: str = "representatives",
+    router: str = DEFAULT_ROUTER,
 ) -> RouteFit:
     """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]. The
     representatives' router reads the sample's activations, as route_tokens does, and x is only

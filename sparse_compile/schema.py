@@ -6,7 +6,7 @@ sparse_compile.config re-exports the public names of all three.
 
 from dataclasses import dataclass
 
-from sparse_compile.contract import ROUTERS, op_spec
+from sparse_compile.contract import DEFAULT_ROUTER, ROUTERS, op_spec
 
 WEIGHT_PATTERNS = ("2:4",)
 WEIGHT_GRAD_RULE = "'dense' or 'tokens:V:N:M' (V:N:M along tokens, e.g. 'tokens:64:2:8')"
@@ -141,17 +141,17 @@ class SparsityConfig:
         V > 1 in chunks (chunk > 1), causal=False, score_rows None and permute False (a routed site
         keeps its own permutation). The groups and the router are fitted from the samples recorded
         under sparse_compile.probe_units() by sparse_compile.recluster() (ops/routes.py).
-    router: with ``routes``, how a token's group is chosen. "representatives" (default): the group whose
-        representative units the token's own H is largest on (kernels/routing.route_tokens; F1 on G r
-        units). "weighted": every group scored from the activations on all groups' representatives by a
-        linear classifier fitted at each refit to the sample's best group of every token
-        (route_fit.fit_linear_router; before its first fit it sums each group's own, as
-        "representatives" does). "linear": argmax_g x L_g + l_g, a linear router of the token's input
-        (kernels/routing.route_linear; a [T, d] x [d, G] GEMM), fitted the same way; before its first
-        fit every token takes group 0. "oracle":
-        the group that keeps the most of the token's own H, which F1 computes in full every call
-        (ops/routes.route_by_mass): a measure of what a better router would buy with the same groups,
-        not a speed option. Per token in every case, so causal by construction.
+    router: with ``routes``, how a token's group is chosen (each from the token alone, so causal by
+        construction). "weighted" (default): every group scored from the token's activations on all
+        groups' representative units (F1 on G r units, r = 16) by a linear classifier fitted at each
+        refit to the sample's best group of every token (route_fit.fit_linear_router); before its first
+        fit it sums each group's own, as "representatives" does. "representatives": the group whose
+        representative units the token's own H is largest on (kernels/routing.route_tokens).
+        "linear": argmax_g x L_g + l_g, a linear router of the token's input (kernels/routing.route_linear;
+        a [T, d] x [d, G] GEMM), fitted the same way; before its first fit every token takes group 0.
+        "oracle": the group that keeps the most of the token's own H, which F1 computes in full every
+        call (ops/routes.route_by_mass): a measure of what a better router would buy with the same
+        groups, not a speed option.
     token_extra: r >= 0. With V:N:M blocks (V > 1), each token also keeps its own r largest units of H
         outside its block's choice (where > 0): per token, so causal as the block's choice is. No fast
         kernel takes it (the reference runs it): a measure of what a token's own top units are worth
@@ -190,7 +190,7 @@ class SparsityConfig:
     masked_decay: float = 0.0
     weight_copies: str = "keep"
     token_extra: int = 0
-    router: str = "representatives"
+    router: str = DEFAULT_ROUTER
 
     def __post_init__(self) -> None:
         for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
@@ -225,7 +225,7 @@ class SparsityConfig:
             )
         if self.routes is not None:
             self._check_routes()
-        elif self.router != "representatives":
+        elif self.router != DEFAULT_ROUTER:
             raise ValueError(f"SparsityConfig.router={self.router!r} needs routes=G (routed tokens); got routes=None")
         if self.masked_decay and self.weights is None:
             raise ValueError(

@@ -96,7 +96,7 @@ class Net(nn.Module):
         return x + self.mlp(x)
 
 
-OPTIONS = {"activations": "16:4:16", "chunk": 4, "routes": 4}
+OPTIONS = {"activations": "16:4:16", "chunk": 4, "routes": 4, "router": "representatives"}
 
 
 def _group_mass_loop(h, groups, perm, m, c):
@@ -484,3 +484,18 @@ def test_routes_on_top_of_the_default_drop_the_causal_choice():
     assert (config.routes, config.causal, config.score_rows, config.chunk) == (8, False, None, 128)
     assert BackendOptions.parse({"preset": "routed"}).config.routes == 8
     assert "routes=8" in config.op_spec()
+
+
+def test_the_default_router_is_weighted_and_the_report_names_it():
+    """Routed sites run router="weighted" unless told otherwise; the op spec omits the default and the
+    report always names the router of a routed run."""
+    config = BackendOptions.parse({"preset": "routed"}).config
+    assert config.router == "weighted" and "router=" not in config.op_spec()
+    assert "router=representatives" in SparsityConfig(**{**OPTIONS}).op_spec()
+    sparse_compile.reset_units()
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(2, 48, 32)
+    compiled = _fitted(net, x, {k: v for k, v in OPTIONS.items() if k != "router"})
+    assert routes._sites["mlp"].router == "weighted" and routes._sites["mlp"].lin is not None
+    assert "routes=4, router=weighted" in str(compile_reports()[-1])
+    _matches_oracle(net, x, compiled)

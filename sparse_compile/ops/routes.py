@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from sparse_compile.contract import DEFAULT_ROUTER
 from sparse_compile.kernels.routing import (
     group_columns,
     rep_activations,
@@ -49,7 +50,7 @@ class RouteSite:
     lin: torch.Tensor | None = None  # float32 [G, features + 1]: router "linear" (x) or "weighted" (H on rep)
     lin_router: str | None = None  # the router ``lin`` was made for (None: a checkpoint that did not say)
     loaded: bool = False  # the state came from load_route_state (a checkpoint), not from this process
-    router: str = "representatives"  # SparsityConfig.router (contract.ROUTERS)
+    router: str = DEFAULT_ROUTER  # SparsityConfig.router (contract.ROUTERS)
     xs: list[torch.Tensor] = field(default_factory=list)
     hs: list[torch.Tensor] = field(default_factory=list)
 
@@ -58,7 +59,7 @@ _sites: dict[str, RouteSite] = {}
 
 
 def site(
-    name: str, n_groups: int, pattern: tuple[int, int, int], chunk: int, router: str = "representatives"
+    name: str, n_groups: int, pattern: tuple[int, int, int], chunk: int, router: str = DEFAULT_ROUTER
 ) -> RouteSite:
     s = _sites.get(name)
     if s is None or s.n_groups != n_groups:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_compile.contract import DEVICES, FLOAT_DTYPES, GATHER_GEMMS, ROUTERS
+from sparse_compile.contract import DEFAULT_ROUTER, DEVICES, FLOAT_DTYPES, GATHER_GEMMS, ROUTERS
 from sparse_compile.ops import unit_perms
 from sparse_compile.schema import parse_activation_pattern, parse_weight_grad
 
@@ -33,7 +33,7 @@ class OpSpec:
     units: str | None = None  # site module path whose hidden-unit permutation the op runs with (ops/unit_perms.py)
     routes: int | None = None  # routed tokens: G groups (kernels/routing.py; state in ops/routes.py)
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
-    router: str = "representatives"  # routed: how a token's group is chosen (SparsityConfig.router)
+    router: str = DEFAULT_ROUTER  # routed: how a token's group is chosen (SparsityConfig.router)
     token_extra: int = 0  # each token's own largest units outside the block's choice, kept too (reference)
 
 
@@ -47,7 +47,7 @@ def parse_spec(spec: str) -> OpSpec:
         raise ValueError(
             f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: {', '.join(GATHER_GEMMS)} joined by '+'"
         )
-    router = fields.get("router", "representatives")
+    router = fields.get("router", DEFAULT_ROUTER)
     if router not in ROUTERS:
         raise ValueError(f"op spec {spec!r}: router={router!r}; allowed: {', '.join(ROUTERS)}")
     act = fields["activations"]

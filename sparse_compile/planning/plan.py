@@ -164,6 +164,8 @@ def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfi
         why += "; routed by a linear router of x fitted to the best groups"
     elif config.router == "weighted":
         why += "; routed by a linear router of the representatives' activations fitted to the best groups"
+    else:
+        why += "; routed to the group whose representative units fire most"
     return KernelPlan(ROUTED, True, gemm_why=why)
 
 

@@ -1,5 +1,6 @@
 """The op's CUDA branch (reference kernels on CUDA tensors), bf16, on a real GPU. Run by hand on H100/H200."""
 
+import contextlib
 import copy
 
 import pytest
@@ -63,10 +64,13 @@ def test_compiled_cuda_model_sparse_vs_oracle_and_dense_bit_identical():
     assert [s.kernel for s in report.sparse_sites] == [GATHER] * 2  # venom, bf16, T % 64 == 0
 
 
-def train_gpt(options: dict, perturb: bool = False, steps: int = 50) -> tuple[torch.Tensor, set[str], list[str]]:
+def train_gpt(
+    options: dict, perturb: bool = False, steps: int = 50, refit_at: int | None = None
+) -> tuple[torch.Tensor, set[str], list[str]]:
     """``steps`` steps of a 4-block GPT on one batch under torch.compile(backend="sparse", options=options), bf16
     autocast: (losses, the sites' kernels, the sites' notes). ``perturb``: initial weights scaled by
-    1 + 2^-9 N(0, 1) (a bf16 rounding's size)."""
+    1 + 2^-9 N(0, 1) (a bf16 rounding's size). ``refit_at``: step ``refit_at`` runs under probe_units() and
+    recluster() refits after it, as bench.train's --recluster-every does."""
     from bench.model import GPT, GPTConfig
 
     idx = torch.randint(0, 256, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -80,13 +84,16 @@ def train_gpt(options: dict, perturb: bool = False, steps: int = 50) -> tuple[to
     compiled = torch.compile(model, backend="sparse", options={"small_ffn": "sparse", **options})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
-    for _ in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = compiled(idx[:, :-1], idx[:, 1:])
+    for step in range(steps):
+        with sparse_compile.probe_units() if step == refit_at else contextlib.nullcontext():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = compiled(idx[:, :-1], idx[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+        if step == refit_at:
+            assert sparse_compile.recluster(), "refit_at: no site was refitted"
     sites = compile_reports()[-1].sparse_sites
     return torch.tensor(losses), {s.kernel for s in sites}, [s.record.reason for s in sites]
 

@@ -44,19 +44,26 @@ def test_routed_gather_matches_reference_at_full_size(n_groups, c, skew):
         assert torch.isfinite(a).all() and _rel(a, leaf.grad) < 2e-2, name
 
 
-def test_gpt_trains_on_routed_kernels_like_on_reference_kernels():
-    """50 steps of the 4-block GPT (hidden 1024: chunks of 64) with each site's initial router: the
-    gather path's losses follow the reference kernels' within twice the gap a bf16-sized
-    perturbation of the initial weights opens in the reference run."""
-    options = {"activations": "128:4:16", "chunk": 64, "routes": 8}
+@pytest.mark.parametrize("router", ["representatives", "weighted", "linear"])
+def test_gpt_trains_on_routed_kernels_like_on_reference_kernels(router):
+    """50 steps of the 4-block GPT (hidden 1024: chunks of 64), each site's state refitted after step 10
+    (the linear router routes every token to group 0 before it): the gather path's losses follow the
+    reference kernels' to 0.02 until the refit, then within twice the gap a bf16-sized perturbation of
+    the initial weights opens in the reference run, plus 0.05."""
+    options = {"activations": "128:4:16", "chunk": 64, "routes": 8, "router": router}
     runs = {}
     for name, extra, perturb in (("fast", {}, False), ("ref", {"kernels": "reference"}, False),
                                  ("noise", {"kernels": "reference"}, True)):  # fmt: skip
         sparse_compile.reset_units()
-        runs[name] = train_gpt({**options, **extra}, perturb=perturb)
+        runs[name] = train_gpt({**options, **extra}, perturb=perturb, refit_at=10)
     fast, kernels, _ = runs["fast"]
     assert kernels == {ROUTED}
     assert runs["ref"][1] == {"routed reference (cuda)"}
-    noise = (runs["noise"][0] - runs["ref"][0]).abs().max().item()
+    ref = runs["ref"][0]
+    noise = (runs["noise"][0] - ref).abs().max().item()
     assert fast[-1] < fast[0] - 1.0
-    assert (fast - runs["ref"][0]).abs().max().item() <= max(2 * noise, 2e-2)
+    # Up to the refit the runs differ by rounding; the refit's discrete choices (groups, and the linear router's
+    # L-BFGS fit) amplify it, and the GPU's reference run is not bit-reproducible across processes, so after it
+    # the gap is held to the perturbed run's spread plus 0.05 (a wrong kernel stalls or diverges by far more).
+    assert (fast[:11] - ref[:11]).abs().max().item() <= 2e-2
+    assert (fast - ref).abs().max().item() <= 2 * noise + 5e-2
