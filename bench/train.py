@@ -181,6 +181,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and recluster_fit_s give the seconds of each log interval spent in the probe forward and in recluster()",
     )
     p.add_argument(
+        "--refit-routes",
+        choices=("all", "router"),
+        default="all",
+        help="with routed tokens: what each refit after the first changes (sparse_compile.recluster(routes=...)): "
+        "all: the unit permutation, the groups and the router; router: the router only, the groups staying those "
+        "of the first fit",
+    )
+    p.add_argument(
         "--dense-every",
         type=int,
         default=0,
@@ -292,6 +300,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true or "routes" in '
             "--sparsity"
         )
+    if args.refit_routes != "all" and not routed:
+        p.error(f'--refit-routes {args.refit_routes}: needs routed tokens ("routes" in --sparsity)')
     if routed and not args.recluster_every:
         p.error("--recluster-every 0 with routed tokens: the routing must be fitted (expected N > 0)")
     if args.compile_mode != "default":
@@ -459,9 +469,13 @@ CHECKED_ARGS = (
     "size", "steps", "batch_size", "seq_len", "lr", "lr_warmup_frac", "weight_decay", "warmup_frac", "final_dense_frac",
     "sparsity", "masked_decay", "runs", "log_every", "eval_every", "eval_iters", "final_eval_iters", "seed",
     "compile_mode", "device", "corpus", "recluster_every", "deterministic", "dense_every", "lr_schedule",
-    "lr_decay_frac",
+    "lr_decay_frac", "refit_routes",
 )  # fmt: skip
-CHECKED_SINCE = {"lr_schedule": "cosine", "lr_decay_frac": 0.1}  # what a checkpoint without the argument ran with
+CHECKED_SINCE = {
+    "lr_schedule": "cosine",
+    "lr_decay_frac": 0.1,
+    "refit_routes": "all",
+}  # what a checkpoint without the argument ran with
 
 
 def checked_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -551,7 +565,7 @@ def train_one(
             compiled(x, y)
         sync()
         t2 = time.perf_counter()
-        sparse_compile.recluster()
+        sparse_compile.recluster(routes=args.refit_routes)
         recluster["probe"] += t2 - t1
         recluster["fit"] += time.perf_counter() - t2
 

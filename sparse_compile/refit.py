@@ -2,17 +2,22 @@
 
 import torch
 
-from sparse_compile.ops import routes, unit_perms
+from sparse_compile.ops import routes as route_state_ops
+from sparse_compile.ops import unit_perms
 
 
-def recluster(group: "torch.distributed.ProcessGroup | None" = None) -> list[str]:
+def recluster(group: "torch.distributed.ProcessGroup | None" = None, routes: str = "all") -> list[str]:
     """Refit, from what ``probe_units()`` recorded, every permuted site's unit permutation
     (ops/unit_perms.py) and every routed site's permutation, groups and router (ops/routes.py); clear the
-    records. Returns the refitted sites. Call between steps, on every rank under torch.distributed."""
-    return unit_perms.recluster(group) + list(routes.refit(group))
+    records. ``routes="router"``: a routed site fitted before keeps its permutation and groups, so the
+    units each group keeps stay put, and only its router is refitted ("all", the default: everything).
+    Returns the refitted sites. Call between steps, on every rank under torch.distributed."""
+    if routes not in route_state_ops.REFITS:
+        raise ValueError(f"recluster(routes={routes!r}): expected one of {route_state_ops.REFITS}")
+    return unit_perms.recluster(group) + list(route_state_ops.refit(group, routes))
 
 
 def reset_units() -> None:
     """Forget every site's permutation, routing state and record (identity, initial groups)."""
     unit_perms.reset_units()
-    routes.reset_routes()
+    route_state_ops.reset_routes()

@@ -146,11 +146,14 @@ def fit_routes(
     iters: int = 20,
     r: int = 16,
     router: str = DEFAULT_ROUTER,
+    fixed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> RouteFit:
     """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]. The
     representatives' router reads the sample's activations, as route_tokens does, and x is only
     checked for shape; router="linear" fits a linear classifier of x (``fit_linear_router``),
-    router="weighted" one of the activations on the representatives."""
+    router="weighted" one of the activations on the representatives. ``fixed`` = (perm [F], groups
+    [G, F/(M c), 4]), a site's earlier fit: only the router is fitted, to each token's best of those
+    groups (steps 1 and 2 skipped, and the representatives' rounds leave the groups as they are)."""
     s, f = h.shape
     if x.shape[0] != s or f % (m * c) or n_groups < 2:
         raise ValueError(
@@ -158,11 +161,21 @@ def fit_routes(
             f"F a multiple of M*c = {m}*{c} and G >= 2"
         )
     hf = h.float()
-    perm = cluster_units(hf.t().contiguous(), m, c)
+    if fixed is None:
+        perm = cluster_units(hf.t().contiguous(), m, c)
+    else:
+        perm, groups = (t.to(h.device) for t in fixed)
+        if perm.shape != (f,) or groups.shape != (n_groups, f // (m * c), 4):
+            raise ValueError(
+                f"fit_routes: fixed perm {tuple(perm.shape)} and groups {tuple(groups.shape)} do not fit h "
+                f"{tuple(h.shape)} and G={n_groups}: expected ({f},) and ({n_groups}, {f // (m * c)}, 4)"
+            )
+        rounds = 0
     hp = hf[:, perm]
     u = hp.reshape(s, f // (m * c), m, c).sum(dim=3)
     total = u.sum(dim=(1, 2))
-    groups = _lloyd(u, n_groups, iters)
+    if fixed is None:
+        groups = _lloyd(u, n_groups, iters)
     assign = kept_by_group(u, groups).argmax(dim=1)
     lin = None
     if router in ("linear", "weighted"):  # representatives for both: the site's state keeps them

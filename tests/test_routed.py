@@ -19,7 +19,7 @@ from sparse_compile.kernels.routing import (
     routed_mask,
 )
 from sparse_compile.ops import routes
-from sparse_compile.route_fit import fit_linear_router, fit_routes, initial_groups, kept_by_group
+from sparse_compile.route_fit import fit_linear_router, fit_routes, initial_groups, kept_by_group, representatives
 
 
 def _mask_loop(route, groups, m, c, h):
@@ -499,3 +499,87 @@ def test_the_default_router_is_weighted_and_the_report_names_it():
     assert routes._sites["mlp"].router == "weighted" and routes._sites["mlp"].lin is not None
     assert "routes=4, router=weighted" in str(compile_reports()[-1])
     _matches_oracle(net, x, compiled)
+
+
+@pytest.mark.parametrize("router", ["representatives", "weighted", "linear"])
+def test_a_router_only_fit_keeps_the_permutation_and_groups_and_fits_the_router_to_them(router):
+    """fit_routes(fixed=(perm, groups)): those exactly; the router fitted, from the written-out steps,
+    to each token's best of those groups (the representatives of those groups, the classifier of
+    their features); a fixed pair of the wrong shape names both."""
+    s, d, m, c, runs = PLANTED
+    x0, h0 = _planted_kinds(0, background=0.3)
+    first = fit_routes(x0, h0, 4, m, c, router=router)
+    x, h = _planted_kinds(1, background=0.3)  # another sample: a full fit would move the units
+    fit = fit_routes(x, h, 4, m, c, router=router, fixed=(first.perm, first.groups))
+    assert torch.equal(fit.perm, first.perm) and torch.equal(fit.groups, first.groups)
+    hp = h[:, first.perm]
+    u = hp.reshape(s, runs, m, c).sum(dim=3)
+    best = kept_by_group(u, first.groups).argmax(dim=1)
+    rep = representatives(hp, best, group_columns(first.groups, m, c), 16)  # op order
+    assert torch.equal(fit.rep, first.perm[rep])
+    if router == "representatives":
+        assert fit.lin is None
+    else:
+        features = x if router == "linear" else hp.index_select(1, rep.reshape(-1))
+        torch.testing.assert_close(fit.lin, fit_linear_router(features, best, 4))
+    assert fit.oracle_kept == pytest.approx(float(kept_by_group(u, first.groups).max(dim=1).values.sum() / u.sum()))
+    with pytest.raises(ValueError, match=rf"fixed perm \({m * c * runs},\) and groups \(3, {runs}, 4\)"):
+        fit_routes(x, h, 4, m, c, router=router, fixed=(first.perm, first.groups[:3]))
+
+
+def test_recluster_router_only_keeps_the_units_each_group_keeps():
+    """recluster(routes="router") after a first fit: the permutation and groups stay, the representatives
+    and the router are refitted on the new rows, and the compiled model matches the masked math; before
+    any fit it fits everything; a bad value is refused before anything is refitted."""
+    sparse_compile.reset_units()
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(2, 48, 32)
+    options = {k: v for k, v in OPTIONS.items() if k != "router"}  # the default router
+    compiled = torch.compile(net, backend="sparse", options=options)
+    compiled(x)
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x)
+    assert sparse_compile.recluster(routes="router") == ["mlp"]  # no fit yet: a full one
+    site = routes._sites["mlp"]
+    perm, groups, rep, lin = (t.clone() for t in (site.perm, site.groups, site.rep, site.lin))
+    x2 = torch.randn(2, 48, 32) * 2 + 0.5
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x2)
+    with pytest.raises(ValueError, match=r"recluster\(routes='groups'\): expected one of \('all', 'router'\)"):
+        sparse_compile.recluster(routes="groups")
+    assert site.xs  # the refused call left the sample
+    assert sparse_compile.recluster(routes="router") == ["mlp"]
+    assert torch.equal(site.perm, perm) and torch.equal(site.groups, groups)
+    assert not (torch.equal(site.rep, rep) and torch.equal(site.lin, lin))
+    _matches_oracle(net, x2, compiled)
+
+
+def test_bench_train_refit_routes_router_keeps_the_first_fits_units(tmp_path, monkeypatch):
+    """bench.train --refit-routes router: every refit is router-only, and every site keeps the permutation
+    and groups of the fit before its first sparse step; without routed tokens the flag is refused."""
+    from bench.train import main
+
+    calls = []
+    real = routes.refit
+
+    def spy(group=None, what="all"):
+        out = real(group, what)
+        calls.append((what, {n: (s.perm.clone(), s.groups.clone()) for n, s in routes._sites.items()}))
+        return out
+
+    monkeypatch.setattr(routes, "refit", spy)
+    sparse_compile.reset_units()
+    torch._dynamo.reset()
+    common = ["--steps", "10", "--batch-size", "2", "--seq-len", "64", "--log-every", "5", "--eval-every", "10"]
+    common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), "--runs", "sparse"]
+    routed = ["--sparsity", '{"activations": "16:4:16", "chunk": 4, "routes": 4}', "--recluster-every", "2"]
+    assert main([*common, *routed, "--refit-routes", "router", "--out", str(tmp_path / "r")]) == 0
+    assert len(calls) >= 2 and {what for what, _ in calls} == {"router"}
+    first = calls[0][1]
+    assert len(first) == 4
+    for _, sites in calls[1:]:
+        for name, (perm, groups) in sites.items():
+            assert torch.equal(perm, first[name][0]) and torch.equal(groups, first[name][1])
+    with pytest.raises(SystemExit):
+        main([*common, "--refit-routes", "router", "--out", str(tmp_path / "d")])

@@ -176,14 +176,22 @@ def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | 
             s.hs.pop(0)
 
 
-def refit(group: "torch.distributed.ProcessGroup | None" = None) -> dict[str, dict[str, float]]:
+REFITS = ("all", "router")  # recluster(routes=...): what a refit of a routed site changes
+
+
+def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "all") -> dict[str, dict[str, float]]:
     """Fit every site with a recorded sample; clear the samples. Returns each refitted site's sample
-    kept masses ({"oracle": .., "routed": ..}). Under torch.distributed, call on every rank."""
+    kept masses ({"oracle": .., "routed": ..}). ``what`` = "router": a site fitted before (it has a
+    permutation) keeps its permutation and groups and refits only its router. Under torch.distributed,
+    call on every rank."""
+    if what not in REFITS:
+        raise ValueError(f"recluster(routes={what!r}): expected one of {REFITS}")
     done = {}
     for name in sorted(n for n, s in _sites.items() if s.xs):
         s = _sites[name]
         _, _, m = s.pattern
-        fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router)
+        fixed = (s.perm, s.groups) if what == "router" and s.perm is not None and s.groups is not None else None
+        fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router, fixed=fixed)
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if fit.lin is not None:
             tensors["lin"] = fit.lin
