@@ -16,6 +16,8 @@ their own order):
    (``fit_linear_router``: multinomial logistic regression, L2-penalized, on standardized x); with
    router "weighted" the same classifier of the token's activations on the representatives (all
    groups' G r units) instead of x.
+With a site's earlier permutation and groups given (``fit_routes(fixed=...)``, recluster(routes="router"))
+only step 3 runs, the representatives fitted once to each token's best of those groups.
 Everything is deterministic given the sample (ties to the lower index).
 """
 
@@ -153,7 +155,7 @@ def fit_routes(
     checked for shape; router="linear" fits a linear classifier of x (``fit_linear_router``),
     router="weighted" one of the activations on the representatives. ``fixed`` = (perm [F], groups
     [G, F/(M c), 4]), a site's earlier fit: only the router is fitted, to each token's best of those
-    groups (steps 1 and 2 skipped, and the representatives' rounds leave the groups as they are)."""
+    groups (steps 1 and 2 skipped; ``rounds`` is ignored, the groups stay as they are)."""
     s, f = h.shape
     if x.shape[0] != s or f % (m * c) or n_groups < 2:
         raise ValueError(
@@ -164,7 +166,7 @@ def fit_routes(
     if fixed is None:
         perm = cluster_units(hf.t().contiguous(), m, c)
     else:
-        perm, groups = (t.to(h.device) for t in fixed)
+        perm, groups = (t.to(h.device, torch.long) for t in fixed)
         if perm.shape != (f,) or groups.shape != (n_groups, f // (m * c), 4):
             raise ValueError(
                 f"fit_routes: fixed perm {tuple(perm.shape)} and groups {tuple(groups.shape)} do not fit h "

@@ -190,7 +190,7 @@ import json, os, sys, torch, torch.distributed as dist
 import sparse_compile
 from sparse_compile.ops import routes
 
-def run(rank, port, router, out):
+def run(rank, port, router, what, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)  # the same weights on both ranks
@@ -213,28 +213,39 @@ def run(rank, port, router, out):
         compiled(x)
     sparse_compile.recluster()
     (s,) = routes._sites.values()
+    first = {k: getattr(s, k).tolist() for k in ("perm", "groups", "rep", "lin")}
+    if what == "router":  # then a router-only refit on another batch per rank
+        x2 = torch.randn(2, 48, 32, generator=torch.Generator().manual_seed(200 + rank)) * 2
+        with sparse_compile.probe_units(), torch.no_grad():
+            compiled(x2)
+        sparse_compile.recluster(routes="router")
     state = {k: getattr(s, k).tolist() for k in ("perm", "groups", "rep", "lin")}
+    state["first"] = first
     json.dump(state, open(f"{out}.{rank}", "w"))
     dist.destroy_process_group()
 
-run(int(sys.argv[1]), *sys.argv[2:5])
+run(int(sys.argv[1]), *sys.argv[2:6])
 """
 
 
-@pytest.mark.parametrize("router", ["weighted", "linear"])
-def test_routed_refit_under_torch_distributed_gives_every_rank_the_first_ranks_router(tmp_path, router):
+@pytest.mark.parametrize("router, what", [("weighted", "all"), ("linear", "all"), ("weighted", "router")])
+def test_routed_refit_under_torch_distributed_gives_every_rank_the_first_ranks_router(tmp_path, router, what):
     """Two gloo ranks, each probing its own batch: recluster() sends the first rank's permutation, groups,
-    representatives and fitted router to both."""
+    representatives and fitted router to both; a router-only refit after it (each rank another batch) keeps
+    the first fit's permutation and groups and sends the first rank's new router to both."""
     out, port = tmp_path / "state", free_port()
     cmd = [sys.executable, "-c", ROUTED_REFIT]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-    ranks = [subprocess.Popen([*cmd, str(rank), port, router, str(out)], cwd=ROOT, **pipes) for rank in (0, 1)]
+    ranks = [subprocess.Popen([*cmd, str(rank), port, router, what, str(out)], cwd=ROOT, **pipes) for rank in (0, 1)]
     for p in ranks:
         text, _ = p.communicate(timeout=300)
         assert p.returncode == 0, text[-3000:]
     r0, r1 = (json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1))
     assert r0 == r1
     assert torch.tensor(r0["lin"])[:, -1].abs().sum() > 0  # fitted: an unfitted router's biases are 0
+    if what == "router":
+        first = r0["first"]
+        assert (r0["perm"], r0["groups"]) == (first["perm"], first["groups"]) and r0["lin"] != first["lin"]
 
 
 FSDP_DTYPES = """

@@ -377,12 +377,13 @@ def test_gather_kernels_match_reference_in_the_interpreter():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_fit_finds_planted_groups_and_a_router_that_sees_them():
+@pytest.mark.parametrize("router", ["representatives", "weighted"])
+def test_fit_finds_planted_groups_and_a_router_that_sees_them(router):
     """Tokens of 4 kinds, each firing its own quarter of the units, the kind readable from x: the fit's
     oracle and routed kept mass reach ~1, where any fixed group keeps ~1/4."""
     _, _, m, c, runs = PLANTED
     x, act = _planted_kinds(0)
-    fit = fit_routes(x, act, 4, m, c)
+    fit = fit_routes(x, act, 4, m, c, router=router)
     assert fit.oracle_kept > 0.95 and fit.routed_kept > 0.95
     assert torch.equal(fit.perm.sort().values, torch.arange(m * c * runs))
 
@@ -427,7 +428,8 @@ def test_a_refit_updates_the_router_in_place(router):
 def test_a_loaded_router_state_of_another_router_is_refused():
     """d = G r = 64: a weighted router's lin has a linear router's shape, so only the router it was fitted
     for tells them apart. Loaded from a checkpoint it is refused, naming both; a checkpoint that does not say
-    its router loads where the shape fits; within a process another router starts from an unfitted one."""
+    its router loads where the shape fits; within a process another router starts from an unfitted one;
+    a representatives state is refused by the default router, whether or not it names its router."""
     sparse_compile.reset_units()
     torch.manual_seed(12)
     net = Net()
@@ -449,7 +451,23 @@ def test_a_loaded_router_state_of_another_router_is_refused():
     sparse_compile.reset_units()
     _fitted(net, x, {**OPTIONS, "router": "weighted"})
     linear(x)  # fitted in this process, not loaded: the linear router starts unfitted
-    assert routes._sites["mlp"].lin_router == "linear" and not routes._sites["mlp"].lin.any()
+    assert routes._sites["mlp"].made_for == "linear" and not routes._sites["mlp"].lin.any()
+    # a representatives state (no lin) names its router too, and one that does not (written when it was the
+    # only router) is read as representatives: refused by the default router, accepted by its own
+    sparse_compile.reset_units()
+    _fitted(net, x, OPTIONS)
+    reps = sparse_compile.route_state()
+    assert reps["mlp"]["router"] == "representatives" and "lin" not in reps["mlp"]
+    for saved in (reps, {"mlp": {k: v for k, v in reps["mlp"].items() if k != "router"}}):
+        sparse_compile.reset_units()
+        sparse_compile.load_route_state(saved)
+        default = torch.compile(net, backend="sparse", options={k: v for k, v in OPTIONS.items() if k != "router"})
+        with pytest.raises(ValueError, match="router='representatives'.*does not fit router='weighted'"):
+            default(x)
+        sparse_compile.reset_units()
+        sparse_compile.load_route_state(saved)
+        torch.compile(net, backend="sparse", options=OPTIONS)(x)
+        assert torch.equal(routes._sites["mlp"].rep, reps["mlp"]["rep"])
 
 
 def test_an_op_spec_with_an_unknown_router_names_it():
@@ -551,7 +569,7 @@ def test_recluster_router_only_keeps_the_units_each_group_keeps():
     assert site.xs  # the refused call left the sample
     assert sparse_compile.recluster(routes="router") == ["mlp"]
     assert torch.equal(site.perm, perm) and torch.equal(site.groups, groups)
-    assert not (torch.equal(site.rep, rep) and torch.equal(site.lin, lin))
+    assert not torch.equal(site.rep, rep) and not torch.equal(site.lin, lin)
     _matches_oracle(net, x2, compiled)
 
 

@@ -48,7 +48,7 @@ class RouteSite:
     cols: torch.Tensor | None = None  # int32 [G, h*4/M], from groups
     fitted: dict[str, float] = field(default_factory=dict)  # the last fit's sample kept masses
     lin: torch.Tensor | None = None  # float32 [G, features + 1]: router "linear" (x) or "weighted" (H on rep)
-    lin_router: str | None = None  # the router ``lin`` was made for (None: a checkpoint that did not say)
+    made_for: str | None = None  # the router this state (groups, representatives, lin) was made for; None: unknown
     loaded: bool = False  # the state came from load_route_state (a checkpoint), not from this process
     router: str = DEFAULT_ROUTER  # SparsityConfig.router (contract.ROUTERS)
     xs: list[torch.Tensor] = field(default_factory=list)
@@ -91,23 +91,24 @@ def prepare(s: RouteSite, w1: torch.Tensor, b1: torch.Tensor | None) -> None:
         first = s.cols[:, :REP_UNITS].long()  # op order
         s.rep = first if s.perm is None else s.perm[first]
     features = {"linear": w1.shape[1], "weighted": s.rep.numel()}.get(s.router)
-    if features is None:
-        return
-    want = (s.n_groups, features + 1)
-    if s.lin is not None and (s.lin_router not in (None, s.router) or s.lin.shape != want):
+    want = None if features is None else (s.n_groups, features + 1)
+    if s.made_for not in (None, s.router) or (s.lin is not None and (want is None or s.lin.shape != want)):
         if s.loaded:
+            lin = None if s.lin is None else tuple(s.lin.shape)
             raise ValueError(
-                f"routed site: its loaded router state (lin {tuple(s.lin.shape)}, router={s.lin_router!r}) does "
-                f"not fit router={s.router!r}, which needs lin {want}: load a checkpoint of the same router and "
-                "model, or call sparse_compile.reset_units() to start from an unfitted router"
+                f"routed site: its loaded state (router={s.made_for!r}, lin {lin}) does not fit router={s.router!r}"
+                f"{'' if want is None else f', which needs lin {want}'}: resume with the router the checkpoint was "
+                "fitted for (SparsityConfig.router), or call sparse_compile.reset_units() to start unfitted"
             )
-        s.lin = None  # another router or model ran this site in this process: start again
-    if s.lin is None:
+        s.lin, s.made_for = None, None  # another router or model ran this site in this process: start again
+    if want is not None and s.lin is None:
         s.lin = torch.zeros(want, device=dev)
-        s.lin_router, s.loaded = s.router, False
+        s.loaded = False
         if s.router == "weighted":  # each group's score: the sum of its own representatives' H
             own = torch.arange(features, device=dev) // s.rep.shape[1]
             s.lin[own, torch.arange(features, device=dev)] = 1.0
+    if s.made_for is None and not s.loaded:
+        s.made_for = s.router
 
 
 def _op_order(s: RouteSite, h: torch.Tensor) -> torch.Tensor:
@@ -195,12 +196,12 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "al
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if fit.lin is not None:
             tensors["lin"] = fit.lin
-            s.lin_router, s.loaded = s.router, False
         unit_perms.broadcast_from_first(list(tensors.values()), group)  # every rank runs the first rank's fit
         for key, value in tensors.items():
             setattr(s, key, unit_perms.store(getattr(s, key), value))
         s.cols = unit_perms.store(s.cols, group_columns(s.groups, m, s.chunk))
         s.fitted = {"oracle": fit.oracle_kept, "routed": fit.routed_kept}
+        s.made_for, s.loaded = s.router, False
         s.xs.clear()
         s.hs.clear()
         done[name] = s.fitted
@@ -211,14 +212,14 @@ STATE_KEYS = ("perm", "groups", "rep", "lin")
 
 
 def route_state() -> dict[str, dict[str, torch.Tensor | int | str]]:
-    """Site module path -> its fitted state (CPU tensors, n_groups, and the router ``lin`` was made for),
+    """Site module path -> its fitted state (CPU tensors, n_groups, and the router the state was made for),
     for a checkpoint."""
     out = {}
     for name, s in _sites.items():
         if s.rep is None:
             continue
         state = {k: getattr(s, k).detach().cpu().clone() for k in STATE_KEYS if getattr(s, k) is not None}
-        out[name] = {**state, "n_groups": s.n_groups, **({"router": s.lin_router} if s.lin is not None else {})}
+        out[name] = {**state, "n_groups": s.n_groups, **({"router": s.made_for} if s.made_for is not None else {})}
     return out
 
 
@@ -246,7 +247,10 @@ def load_route_state(state: dict[str, dict[str, torch.Tensor | int | str]]) -> N
         s.perm = None if saved.get("perm") is None else torch.as_tensor(saved["perm"], dtype=torch.long).clone()
         s.groups, s.rep = groups.clone(), rep.clone()
         s.lin = None if lin is None else lin.clone()
-        s.lin_router = None if saved.get("router") is None else str(saved["router"])
+        # a checkpoint that does not name its router: "representatives" if it holds no lin (written when that
+        # was the only router), else unknown (lin's shape decides)
+        router = saved.get("router")
+        s.made_for = str(router) if router is not None else ("representatives" if lin is None else None)
         s.loaded = True
         s.cols = None  # rebuilt from groups at the op's next call
 
