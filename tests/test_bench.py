@@ -980,3 +980,32 @@ def test_kept_mass_is_measured_at_the_chunk_a_site_fell_back_to(tmp_path):
     assert {s.record.chunk for s in report.sites if s.record.sparse} == {32}
     kept = [float(r["h_kept_frac"]) for r in rows]
     assert all(0.25 <= k < 1 for k in kept), kept  # a quarter of the chunks, chosen by score: not nan, not all
+
+
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
+def test_health_probe_gives_a_routed_site_its_input_in_the_ops_dtype(monkeypatch, autocast_dtype):
+    """Under autocast an FFN's input reaches the routed op in autocast's dtype, so the health probe hands the
+    router that dtype (the FFN sees the layer norm's float32 output), and float32 without autocast."""
+    import contextlib
+
+    from bench.train import Health
+    from sparse_compile.ops import routes
+
+    seen = []
+
+    def kept_and_total(name, x, h):
+        seen.append((name, x.dtype, x.shape, h.shape))
+        return 1.0, 2.0
+
+    monkeypatch.setattr(routes, "kept_and_total", kept_and_total)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32))
+    if autocast_dtype is None:
+        autocast = contextlib.nullcontext
+    else:
+        autocast = lambda: torch.autocast("cpu", dtype=autocast_dtype)  # noqa: E731
+    health = Health(model, None, routed=True)
+    health.probe(torch.randint(0, 256, (2, 32)), autocast)
+    want = autocast_dtype or torch.float32
+    assert [s[0] for s in seen] == ["blocks.0.mlp", "blocks.1.mlp"]
+    assert all(dtype == want and xs == (64, 32) and hs == (64, 128) for _, dtype, xs, hs in seen), seen
