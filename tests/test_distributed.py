@@ -87,17 +87,19 @@ def test_fsdp2_keeps_sites_sparse_and_matches_one_process(tmp_path):
 ROUTED = {"activations": "16:4:16", "chunk": 16, "routes": 4}
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_routed_tokens_stay_on_their_rank(tmp_path, mode):
+@pytest.mark.parametrize("mode, router", [("ddp", "weighted"), ("fsdp", "representatives")])
+def test_routed_tokens_stay_on_their_rank(tmp_path, mode, router):
     """Each rank routes and pads its own tokens (no token crosses ranks, no collective in the op): both
     engines keep every site sparse on the routed op, and their losses equal one process on the same
-    global batch, where a block shared across ranks' tokens would differ."""
-    record = _run_ddp(tmp_path, optimize_ddp=False, bucket_mb=1.0, mode=mode, options=ROUTED)
+    global batch, where a block shared across ranks' tokens would differ. One engine runs the default
+    router (weighted), the other the representatives (their op paths differ)."""
+    options = {**ROUTED, "router": router}
+    record = _run_ddp(tmp_path, optimize_ddp=False, bucket_mb=1.0, mode=mode, options=options)
     assert record["sparse"] >= 1 and record["dense_reasons"] == []
     torch.manual_seed(0)
     sparse_compile.reset_units()
     model = GPT(CFG)
-    single = torch.stack(train(model, torch.compile(model, backend="sparse", options=ROUTED), rank=0, world=1))
+    single = torch.stack(train(model, torch.compile(model, backend="sparse", options=options), rank=0, world=1))
     assert {s.kernel for s in sparse_compile.compile_reports()[-1].sparse_sites} == {"routed reference"}
     torch.testing.assert_close(torch.tensor(record["losses"]), single, rtol=1e-4, atol=1e-5)
     _same_graphs_on_every_rank_and_no_recompile(record)
