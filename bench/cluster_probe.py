@@ -150,19 +150,25 @@ def train_to(
         yield target, loss
 
 
+def add_dense_run_args(p: argparse.ArgumentParser, fit_batches: int, fit_help: str, lr: float) -> None:
+    """The arguments DenseRun.make and the probes' sampling read: --batch-size, --fit-batches, --eval-batches,
+    --lr, --corpus, --data-dir, --seed."""
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: 16 CUDA, 8 CPU)")
+    p.add_argument("--fit-batches", type=int, default=fit_batches, help=fit_help)
+    p.add_argument("--eval-batches", type=int, default=2, help="validation batches the kept mass is measured on")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--corpus", choices=CORPORA, default="packages")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--size", choices=sorted(SIZES), help="model size (default: 125m on CUDA, tiny on CPU)")
     p.add_argument("--fit-at", default=None, help="steps at which to measure, comma-separated (default: 300,600 CUDA)")
     p.add_argument("--patterns", default="64:2:8,128:2:16,128:2:16c32,128:2:16c64", help="comma-separated patterns")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default: 16 CUDA, 8 CPU)")
-    p.add_argument("--fit-batches", type=int, default=2, help="training batches the permutation is fitted on")
-    p.add_argument("--eval-batches", type=int, default=2, help="validation batches the kept mass is measured on")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--corpus", choices=CORPORA, default="packages")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    add_dense_run_args(p, fit_batches=2, fit_help="training batches the permutation is fitted on", lr=1e-3)
     p.add_argument("--csv", help="write the rows here")
     p.add_argument("--score-rows", default="", help="comma-separated S: the causal pattern scored on S rows too")
     p.add_argument("--no-cluster", action="store_true", help="only the units' own order (and --score-rows)")

@@ -25,8 +25,7 @@ import time
 import torch
 from tabulate import tabulate
 
-from bench.cluster_probe import DenseRun, hidden_and_inputs, parse_pattern, train_to
-from bench.data import CORPORA
+from bench.cluster_probe import DenseRun, add_dense_run_args, hidden_and_inputs, parse_pattern, train_to
 from bench.env import environment, write_csv
 from bench.model import SIZES
 from sparse_compile.contract import ROUTERS
@@ -78,13 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routes", default="32@32:4:16c64", help="comma-separated G@V:4:McC configurations")
     p.add_argument("--routers", default=",".join(ROUTERS), help=f"comma-separated, of {', '.join(ROUTERS)}")
     p.add_argument("--sample-rows", type=int, default=4096, help="rows of x and H each fit sees, per layer")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default: 16 CUDA, 8 CPU)")
-    p.add_argument("--fit-batches", type=int, default=1, help="training batches the sample is drawn from")
-    p.add_argument("--eval-batches", type=int, default=2, help="validation batches the kept mass is measured on")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--corpus", choices=CORPORA, default="packages")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    add_dense_run_args(p, fit_batches=1, fit_help="training batches the sample is drawn from", lr=5e-4)
     p.add_argument("--csv", help="write the rows here")
     args = p.parse_args(argv)
     try:

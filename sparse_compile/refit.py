@@ -12,9 +12,8 @@ def recluster(group: "torch.distributed.ProcessGroup | None" = None, routes: str
     records. ``routes="router"``: a routed site fitted before keeps its permutation and groups, so the
     units each group keeps stay put, and only its router is refitted ("all", the default: everything).
     Returns the refitted sites. Call between steps, on every rank under torch.distributed."""
-    if routes not in route_state_ops.REFITS:
-        raise ValueError(f"recluster(routes={routes!r}): expected one of {route_state_ops.REFITS}")
-    return unit_perms.recluster(group) + list(route_state_ops.refit(group, routes))
+    routed = route_state_ops.refit(group, routes)  # first: it refuses a bad ``routes`` before any refit
+    return unit_perms.recluster(group) + list(routed)
 
 
 def reset_units() -> None:

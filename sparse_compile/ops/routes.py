@@ -191,7 +191,7 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "al
     for name in sorted(n for n, s in _sites.items() if s.xs):
         s = _sites[name]
         _, _, m = s.pattern
-        fixed = (s.perm, s.groups) if what == "router" and s.perm is not None and s.groups is not None else None
+        fixed = (s.perm, s.groups) if what == "router" and s.perm is not None else None  # fitted before
         fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router, fixed=fixed)
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if fit.lin is not None:
