@@ -183,10 +183,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--refit-routes",
         choices=("all", "router"),
-        default="all",
+        default=None,
         help="with routed tokens: what each refit after the first changes (sparse_compile.recluster(routes=...)): "
-        "all: the unit permutation, the groups and the router; router: the router only, the groups staying those "
-        "of the first fit",
+        "router (the default): the router only, the permutation and groups staying those of the first fit; all: "
+        "the unit permutation, the groups and the router",
     )
     p.add_argument(
         "--dense-every",
@@ -300,8 +300,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f'--recluster-every {args.recluster_every}: expected 0, or N > 0 with "permute": true or "routes" in '
             "--sparsity"
         )
-    if args.refit_routes != "all" and not routed:
+    if args.refit_routes is not None and not routed:
         p.error(f'--refit-routes {args.refit_routes}: needs routed tokens ("routes" in --sparsity)')
+    args.refit_routes = args.refit_routes or ("router" if routed else None)
     if routed and not args.recluster_every:
         p.error("--recluster-every 0 with routed tokens: the routing must be fitted (expected N > 0)")
     if args.compile_mode != "default":
@@ -480,8 +481,11 @@ CHECKED_SINCE = {
 
 def checked_args(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments a checkpoint holds and --resume must match: CHECKED_ARGS, less --lr-decay-frac under
-    cosine, where it does nothing (a cosine run resumes whatever that flag's default)."""
-    return {k: getattr(args, k) for k in CHECKED_ARGS if k != "lr_decay_frac" or args.lr_schedule == "wsd"}
+    cosine and --refit-routes without routed tokens, where they do nothing (such a run resumes whatever
+    their defaults)."""
+    idle = {"lr_decay_frac"} if args.lr_schedule != "wsd" else set()
+    idle |= {"refit_routes"} if args.refit_routes is None else set()
+    return {k: getattr(args, k) for k in CHECKED_ARGS if k not in idle}
 
 
 def train_one(
@@ -565,7 +569,7 @@ def train_one(
             compiled(x, y)
         sync()
         t2 = time.perf_counter()
-        sparse_compile.recluster(routes=args.refit_routes)
+        sparse_compile.recluster(**({"routes": args.refit_routes} if routed else {}))
         recluster["probe"] += t2 - t1
         recluster["fit"] += time.perf_counter() - t2
 

@@ -6,12 +6,13 @@ from sparse_compile.ops import routes as route_state_ops
 from sparse_compile.ops import unit_perms
 
 
-def recluster(group: "torch.distributed.ProcessGroup | None" = None, routes: str = "all") -> list[str]:
+def recluster(group: "torch.distributed.ProcessGroup | None" = None, routes: str = "router") -> list[str]:
     """Refit, from what ``probe_units()`` recorded, every permuted site's unit permutation
-    (ops/unit_perms.py) and every routed site's permutation, groups and router (ops/routes.py); clear the
-    records. ``routes="router"``: a routed site fitted before keeps its permutation and groups, so the
-    units each group keeps stay put, and only its router is refitted ("all", the default: everything).
-    Returns the refitted sites. Call between steps, on every rank under torch.distributed."""
+    (ops/unit_perms.py) and every routed site (ops/routes.py); clear the records. A routed site's first
+    fit chooses its permutation, groups and router. After it, ``routes="router"`` (the default) keeps
+    the permutation and groups, so the units each group keeps stay put under the model, and refits the
+    router alone; ``routes="all"`` refits all three again. Returns the refitted sites. Call between
+    steps, on every rank under torch.distributed."""
     routed = route_state_ops.refit(group, routes)  # first: it refuses a bad ``routes`` before any refit
     return unit_perms.recluster(group) + list(routed)
 

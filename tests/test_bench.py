@@ -497,6 +497,7 @@ def test_resume_of_a_checkpoint_older_than_an_argument_takes_what_it_ran(tmp_pat
     args = parse_args([*common, "--steps", "4", "--runs", "dense"])
     checked = checked_args(args)
     assert "lr_decay_frac" not in checked  # cosine: the flag does nothing, so a changed default resumes
+    assert "refit_routes" not in checked  # no routed tokens: likewise
     assert checkpoint.load(out, checked, CHECKED_SINCE).args == ckpt.args
     with pytest.raises(ValueError, match="lr_schedule"):
         checkpoint.load(out, checked | {"lr_schedule": "wsd"}, CHECKED_SINCE)

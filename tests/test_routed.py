@@ -573,15 +573,18 @@ def test_recluster_router_only_keeps_the_units_each_group_keeps():
     _matches_oracle(net, x2, compiled)
 
 
-def test_bench_train_refit_routes_router_keeps_the_first_fits_units(tmp_path, monkeypatch):
-    """bench.train --refit-routes router: every refit is router-only, and every site keeps the permutation
-    and groups of the fit before its first sparse step; without routed tokens the flag is refused."""
+def test_bench_train_refits_the_router_alone_by_default_and_keeps_the_first_fits_units(tmp_path, monkeypatch, capsys):
+    """bench.train with routed tokens and no --refit-routes: every refit is router-only, and every site keeps
+    the permutation and groups of the fit before its first sparse step; --refit-routes all refits them all.
+    A checkpoint written before the flag existed (its runs refitted everything) resumes only under
+    --refit-routes all; without routed tokens the flag is refused."""
+    from bench import checkpoint
     from bench.train import main
 
     calls = []
     real = routes.refit
 
-    def spy(group=None, what="all"):
+    def spy(group=None, what="router"):
         out = real(group, what)
         calls.append((what, {n: (s.perm.clone(), s.groups.clone()) for n, s in routes._sites.items()}))
         return out
@@ -592,12 +595,26 @@ def test_bench_train_refit_routes_router_keeps_the_first_fits_units(tmp_path, mo
     common = ["--steps", "10", "--batch-size", "2", "--seq-len", "64", "--log-every", "5", "--eval-every", "10"]
     common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), "--runs", "sparse"]
     routed = ["--sparsity", '{"activations": "16:4:16", "chunk": 4, "routes": 4}', "--recluster-every", "2"]
-    assert main([*common, *routed, "--refit-routes", "router", "--out", str(tmp_path / "r")]) == 0
+    assert main([*common, *routed, "--out", str(tmp_path / "r"), "--save-every", "4"]) == 0
     assert len(calls) >= 2 and {what for what, _ in calls} == {"router"}
     first = calls[0][1]
     assert len(first) == 4
     for _, sites in calls[1:]:
         for name, (perm, groups) in sites.items():
             assert torch.equal(perm, first[name][0]) and torch.equal(groups, first[name][1])
+    calls.clear()
+    sparse_compile.reset_units()
+    assert main([*common, *routed, "--refit-routes", "all", "--out", str(tmp_path / "a")]) == 0
+    assert {what for what, _ in calls} == {"all"}
+    assert any(not torch.equal(s[n][1], calls[0][1][n][1]) for _, s in calls[1:] for n in s)  # groups moved
+    ckpt = checkpoint.load(tmp_path / "r", {})
+    assert ckpt.args["refit_routes"] == "router"
+    ckpt.args.pop("refit_routes")  # as bench.train wrote it before --refit-routes existed
+    checkpoint.save(tmp_path / "r", ckpt)
+    resume = [*common, *routed, "--out", str(tmp_path / "r2"), "--resume", str(tmp_path / "r")]
+    capsys.readouterr()
+    assert main(resume) == 2  # it ran full refits: the default would change what it runs
+    assert "'refit_routes': ('all', 'router')" in capsys.readouterr().err
+    assert main([*resume, "--refit-routes", "all"]) == 0
     with pytest.raises(SystemExit):
         main([*common, "--refit-routes", "router", "--out", str(tmp_path / "d")])

@@ -180,11 +180,11 @@ def record(s: RouteSite, x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | 
 REFITS = ("all", "router")  # recluster(routes=...): what a refit of a routed site changes
 
 
-def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "all") -> dict[str, dict[str, float]]:
+def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "router") -> dict[str, dict[str, float]]:
     """Fit every site with a recorded sample; clear the samples. Returns each refitted site's sample
-    kept masses ({"oracle": .., "routed": ..}). ``what`` = "router": a site fitted before (it has a
-    permutation) keeps its permutation and groups and refits only its router. Under torch.distributed,
-    call on every rank."""
+    kept masses ({"oracle": .., "routed": ..}). ``what`` = "router" (the default): a site fitted before
+    (it has a permutation) keeps its permutation and groups and refits only its router; "all": everything.
+    Under torch.distributed, call on every rank."""
     if what not in REFITS:
         raise ValueError(f"recluster(routes={what!r}): expected one of {REFITS}")
     done = {}
