@@ -120,9 +120,11 @@ def sqrelu_ffn_backward_gather(
     dense_frac: float = 0.0,
     dense: frozenset[str] = frozenset(),
     chunk: int = 1,
+    db2_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
-    "B1" / "B3" in ``dense``: those on cuBLAS.
+    "B1" / "B3" in ``dense``: those on cuBLAS. db2 sums the rows of ``db2_rows`` (default dy: a caller
+    whose dy holds copied rows passes the rows it copied them from).
 
     With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation: on the gather-K GEMM
     (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
@@ -140,7 +142,7 @@ def sqrelu_ffn_backward_gather(
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v, chunk=chunk)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
-        return dx, dw1, db1, dw2, dy.sum(0)
+        return dx, dw1, db1, dw2, (dy if db2_rows is None else db2_rows).sum(0)
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
@@ -162,7 +164,7 @@ def sqrelu_ffn_backward_gather(
         del h
     dx = dz @ w1 if "B3" in dense else gather_k_mm(dz_c, ids, w1.contiguous(), v)
     del dz
-    return dx, dw1, vnm_colsum(dz_c, ids, v, m), dw2, dy.sum(0)
+    return dx, dw1, vnm_colsum(dz_c, ids, v, m), dw2, (dy if db2_rows is None else db2_rows).sum(0)
 
 
 def _check_chunk(

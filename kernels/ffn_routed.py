@@ -13,14 +13,15 @@ backward: dY_p = dY[src], then kernels/ffn_gather.py's chunk backward (B1 gather
 epilogue, B2/B4 block-sparse along tokens, B3 gather-K) on the padded rows, dX = dX_p[dest],
 db2 = sum of dY. The padding rows add nothing: their R~ is 0, so their dZ~ = (dY W2) * 2 R~
 and H~ = R~^2 are 0, and so are their terms of dW1, db1 and dW2. All moves are gathers
-(index_select). Only R~ [rows, h*4/M], ids and dest live from forward to backward.
+(index_select); db2 sums the tokens' rows of dY, not the padded ones. Only R~ [rows, h*4/M], ids and
+dest live from forward to backward.
 """
 
 import torch
 
 from sparse_compile.kernels.ffn_gather import sqrelu_ffn_backward_gather, w2t_for_gather
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
-from sparse_compile.kernels.routing import padded_sources, route_plan
+from sparse_compile.kernels.routing import padded_sources, padding_rows, route_plan
 
 
 def sqrelu_ffn_forward_routed(
@@ -38,11 +39,11 @@ def sqrelu_ffn_forward_routed(
     ids int32 [rows/V, h*4/M], dest int64 [T])."""
     dest, block_group = route_plan(route, cols.shape[0], v)
     ids = cols.index_select(0, block_group)
-    src, valid = padded_sources(dest, ids.shape[0] * v)
-    x_p = x.index_select(0, src)
+    x_p = x.index_select(0, padded_sources(dest, ids.shape[0] * v))
     h_c = torch.empty(x_p.shape[0], ids.shape[1], device=x.device, dtype=x.dtype)
     r_c = gather_n_mm(x_p, w1, ids, v, chunk=chunk, act=True, bias=b1, square_out=h_c)
-    r_c.mul_(valid[:, None])  # the padding rows' R~ to 0: backward then needs no zero rows of dY
+    # the padding rows' R~ to 0 (backward then needs no zero rows of dY): a write of those rows alone
+    r_c.index_fill_(0, padding_rows(dest, r_c.shape[0]), 0)
     y_p = gather_k_mm(h_c, ids, w2t_for_gather(w2, chunk), v, b2, chunk=chunk)
     return y_p.index_select(0, dest), r_c, ids, dest
 
@@ -60,8 +61,8 @@ def sqrelu_ffn_backward_routed(
     chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [T, d], dw1, db1, dw2, db2) of the forward above, from its saved r_c, ids and dest."""
-    src, _ = padded_sources(dest, r_c.shape[0])
-    dx_p, dw1, db1, dw2, _ = sqrelu_ffn_backward_gather(
-        dy.index_select(0, src), x.index_select(0, src), w1, w2, r_c, ids, v, m, chunk=chunk
+    src = padded_sources(dest, r_c.shape[0])
+    dx_p, dw1, db1, dw2, db2 = sqrelu_ffn_backward_gather(
+        dy.index_select(0, src), x.index_select(0, src), w1, w2, r_c, ids, v, m, chunk=chunk, db2_rows=dy
     )
-    return dx_p.index_select(0, dest), dw1, db1, dw2, dy.sum(0)
+    return dx_p.index_select(0, dest), dw1, db1, dw2, db2

@@ -70,30 +70,47 @@ def routed_blocks(tokens: int, n_groups: int, v: int) -> int:
 def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The padded layout of tokens routed to groups: (dest int64 [T]: the padded row of token t,
     block_group int64 [blocks]: the group of each block of V rows). Tokens of a group keep their
-    order (stable sort); group g's rows start at V * (the blocks of the groups before it). No host
-    sync: every shape is fixed by T, G and V."""
+    order; group g's rows start at V * (the blocks of the groups before it). A stable sort by group
+    without a sort: one scan of the one-hot routes laid out group-major, e[g T + t] = [route(t) = g],
+    gives at g T + t the tokens of groups < g plus those of group g up to t; so token t's rank in its
+    group is that at route(t) T + t minus the tokens of groups < route(t), minus 1. One flat scan (a
+    scan along a short outer dimension would run each column serially). No host sync: every shape is
+    fixed by T, G and V."""
     t = route.numel()
-    # scatter_add, not bincount: bincount reads the range of its input back to the host (a sync)
-    counts = torch.zeros(n_groups, dtype=torch.long, device=route.device).scatter_add_(0, route, torch.ones_like(route))
+    tokens = torch.arange(t, device=route.device)
+    flat = route * t + tokens
+    # index_fill_, not one_hot or bincount: those may read the routes' range back to the host (a sync)
+    running = torch.cumsum(torch.zeros(n_groups * t, dtype=torch.long, device=route.device).index_fill_(0, flat, 1), 0)
+    before = torch.cat([running.new_zeros(1), running[t - 1 :: t]])  # [G + 1]: tokens of groups < g
+    counts = before[1:] - before[:-1]
+    rank = running[flat] - before[route] - 1
     blocks = (counts + v - 1) // v
     block_end = torch.cumsum(blocks, 0)
-    token_start = torch.cumsum(counts, 0) - counts
-    order = torch.argsort(route, stable=True)
-    g_sorted = route[order]
-    rank = torch.arange(t, device=route.device) - token_start[g_sorted]
-    dest = torch.empty_like(order).index_copy_(0, order, (block_end - blocks)[g_sorted] * v + rank)
-    nb = routed_blocks(t, n_groups, v)
-    block_group = torch.searchsorted(block_end, torch.arange(nb, device=route.device), right=True)
+    dest = (block_end - blocks)[route] * v + rank
+    block_group = torch.searchsorted(
+        block_end, torch.arange(routed_blocks(t, n_groups, v), device=route.device), right=True
+    )
     return dest, block_group.clamp_max(n_groups - 1)
 
 
-def padded_sources(dest: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src int64 [rows]: the token of each padded row, 0 for the padding; valid bool [rows])."""
-    # index_copy_ / index_fill_ with a Python scalar: `valid[dest] = True` would copy a host tensor (a sync)
+def padded_sources(dest: torch.Tensor, rows: int) -> torch.Tensor:
+    """src int64 [rows]: the token of each padded row, 0 for the padding."""
+    # index_copy_ with an arange, not `src[dest] = ...` from a host tensor (a sync)
     src = torch.zeros(rows, dtype=torch.long, device=dest.device)
-    src.index_copy_(0, dest, torch.arange(dest.numel(), device=dest.device))
-    valid = torch.zeros(rows, dtype=torch.bool, device=dest.device).index_fill_(0, dest, True)
-    return src, valid
+    return src.index_copy_(0, dest, torch.arange(dest.numel(), device=dest.device))
+
+
+def padding_rows(dest: torch.Tensor, rows: int) -> torch.Tensor:
+    """int64 [rows - T]: the padded layout's rows that hold no token, ascending. No host sync: their
+    number is fixed by the shapes. Row i's slot in a permutation of the rows: the padding first, by
+    rank among the padding (c_i - 1, c = the running count of padding rows), then the tokens' rows
+    (rows - T + i - c_i); the first rows - T of the inverse permutation are the padding rows."""
+    t = dest.numel()
+    is_pad = torch.ones(rows, dtype=torch.long, device=dest.device).index_fill_(0, dest, 0)
+    c = torch.cumsum(is_pad, 0)
+    i = torch.arange(rows, device=dest.device)
+    slot = torch.where(is_pad.bool(), c - 1, rows - t + i - c)
+    return torch.empty_like(i).index_copy_(0, slot, i)[: rows - t]
 
 
 def routed_mask(route: torch.Tensor, cols: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -12,6 +12,8 @@ from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.config import BackendOptions
 from sparse_compile.kernels.routing import (
     group_columns,
+    padded_sources,
+    padding_rows,
     route_linear,
     route_plan,
     route_tokens,
@@ -36,6 +38,7 @@ def _mask_loop(route, groups, m, c, h):
 def test_route_plan_sorts_tokens_into_blocks_of_one_group(t, n_groups, v):
     g = torch.Generator().manual_seed(t)
     route = torch.randint(0, n_groups, (t,), generator=g)
+    route[route == n_groups // 2] = 0  # a group without tokens (4 and 8 groups)
     route[: t // 3] = 1  # an unbalanced routing
     dest, block_group = route_plan(route, n_groups, v)
     assert block_group.shape == (routed_blocks(t, n_groups, v),)
@@ -52,6 +55,11 @@ def test_route_plan_sorts_tokens_into_blocks_of_one_group(t, n_groups, v):
     inverse = torch.full((block_group.numel() * v,), -1)
     inverse[dest] = torch.arange(t)
     assert torch.equal(inverse[dest], torch.arange(t))  # the permutation and its inverse are exact
+    rows = block_group.numel() * v
+    src = padded_sources(dest, rows)
+    assert torch.equal(src, inverse.clamp_min(0))  # each row's token, 0 for the padding
+    want = [i for i in range(rows) if i not in set(dest.tolist())]
+    assert padding_rows(dest, rows).tolist() == want  # the rows no token fills, ascending
 
 
 @pytest.mark.parametrize("m, c, runs", [(16, 4, 2), (8, 2, 3), (4, 8, 1)])
