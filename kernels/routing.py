@@ -16,7 +16,7 @@ a stable sort of the T tokens by group, each group padded to a multiple of V wit
 every block of V rows holds tokens of one group and its kept columns are that group's
 (``route_plan``). The padded layout has a fixed number of blocks for any routing,
 (T + G (V - 1)) // V (the bound on sum_g ceil(T_g / V)), so no shape depends on the data: blocks
-past the last group's are zero rows with group 0's columns.
+past the last group's are zero rows with the last group's columns.
 """
 
 import torch
@@ -77,13 +77,15 @@ def route_plan(route: torch.Tensor, n_groups: int, v: int) -> tuple[torch.Tensor
     scan along a short outer dimension would run each column serially). No host sync: every shape is
     fixed by T, G and V."""
     t = route.numel()
-    tokens = torch.arange(t, device=route.device)
-    flat = route * t + tokens
-    # index_fill_, not one_hot or bincount: those may read the routes' range back to the host (a sync)
-    running = torch.cumsum(torch.zeros(n_groups * t, dtype=torch.long, device=route.device).index_fill_(0, flat, 1), 0)
-    before = torch.cat([running.new_zeros(1), running[t - 1 :: t]])  # [G + 1]: tokens of groups < g
+    flat = route * t + torch.arange(t, device=route.device)
+    # index_fill_, not one_hot or bincount: those may read the routes' range back to the host (a sync);
+    # int32 counts (at most T) halve the [G T] buffers
+    e = torch.zeros(n_groups * t, dtype=torch.int32, device=route.device).index_fill_(0, flat, 1)
+    running = torch.cumsum(e, 0, dtype=torch.int32)
+    ends = running.view(n_groups, t)[:, -1] if t else running.new_zeros(n_groups)  # tokens of groups <= g
+    before = torch.cat([running.new_zeros(1), ends]).long()  # [G + 1]: tokens of groups < g
     counts = before[1:] - before[:-1]
-    rank = running[flat] - before[route] - 1
+    rank = running[flat].long() - before[route] - 1
     blocks = (counts + v - 1) // v
     block_end = torch.cumsum(blocks, 0)
     dest = (block_end - blocks)[route] * v + rank

@@ -34,12 +34,20 @@ def _mask_loop(route, groups, m, c, h):
     return out
 
 
-@pytest.mark.parametrize("t, n_groups, v", [(64, 4, 16), (100, 3, 8), (37, 8, 4), (16, 2, 16)])
-def test_route_plan_sorts_tokens_into_blocks_of_one_group(t, n_groups, v):
+@pytest.mark.parametrize(
+    "t, n_groups, v, empty",
+    [(64, 4, 16, [2]), (100, 3, 8, []), (37, 8, 4, [0, 4, 7]), (16, 2, 16, []), (5, 8, 4, []), (1, 3, 4, [])]
+    + [(32, 1, 16, [])],  # one group of whole blocks: no padding rows
+)
+def test_route_plan_sorts_tokens_into_blocks_of_one_group(t, n_groups, v, empty):
+    """The layout against its definition, with groups left empty (first, middle, last), fewer tokens
+    than groups, one token, and no padding at all."""
     g = torch.Generator().manual_seed(t)
     route = torch.randint(0, n_groups, (t,), generator=g)
-    route[route == n_groups // 2] = 0  # a group without tokens (4 and 8 groups)
-    route[: t // 3] = 1  # an unbalanced routing
+    for k in empty:  # groups without tokens
+        route[route == k] = 1 if n_groups > 1 else 0
+    if n_groups > 1:
+        route[: t // 3] = 1  # an unbalanced routing
     dest, block_group = route_plan(route, n_groups, v)
     assert block_group.shape == (routed_blocks(t, n_groups, v),)
     assert dest.unique().numel() == t and dest.max() < block_group.numel() * v  # one padded row per token
@@ -554,9 +562,10 @@ def test_a_router_only_fit_keeps_the_permutation_and_groups_and_fits_the_router_
 
 
 def test_recluster_router_only_keeps_the_units_each_group_keeps():
-    """recluster(routes="router") after a first fit: the permutation and groups stay, the representatives
-    and the router are refitted on the new rows, and the compiled model matches the masked math; before
-    any fit it fits everything; a bad value is refused before anything is refitted."""
+    """recluster() (routes="router", the default) after a first fit: the permutation and groups stay, the
+    representatives and the router are refitted on the new rows, and the compiled model matches the masked
+    math; before any fit it fits everything; routes="all" refits the units too; a bad value is refused
+    before anything is refitted."""
     sparse_compile.reset_units()
     torch.manual_seed(0)
     net = Net()
@@ -575,10 +584,14 @@ def test_recluster_router_only_keeps_the_units_each_group_keeps():
     with pytest.raises(ValueError, match=r"recluster\(routes='groups'\): expected one of \('all', 'router'\)"):
         sparse_compile.recluster(routes="groups")
     assert site.xs  # the refused call left the sample
-    assert sparse_compile.recluster(routes="router") == ["mlp"]
+    assert sparse_compile.recluster() == ["mlp"]  # the default: the router alone
     assert torch.equal(site.perm, perm) and torch.equal(site.groups, groups)
     assert not torch.equal(site.rep, rep) and not torch.equal(site.lin, lin)
     _matches_oracle(net, x2, compiled)
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x2)
+    assert sparse_compile.recluster(routes="all") == ["mlp"]  # everything again: the units move
+    assert not (torch.equal(site.perm, perm) and torch.equal(site.groups, groups))
 
 
 def test_bench_train_refits_the_router_alone_by_default_and_keeps_the_first_fits_units(tmp_path, monkeypatch, capsys):
@@ -603,7 +616,7 @@ def test_bench_train_refits_the_router_alone_by_default_and_keeps_the_first_fits
     common = ["--steps", "10", "--batch-size", "2", "--seq-len", "64", "--log-every", "5", "--eval-every", "10"]
     common += ["--eval-iters", "1", "--no-progress", "--data-dir", str(tmp_path / "data"), "--runs", "sparse"]
     routed = ["--sparsity", '{"activations": "16:4:16", "chunk": 4, "routes": 4}', "--recluster-every", "2"]
-    assert main([*common, *routed, "--out", str(tmp_path / "r"), "--save-every", "4"]) == 0
+    assert main([*common, *routed, "--out", str(tmp_path / "r")]) == 0
     assert len(calls) >= 2 and {what for what, _ in calls} == {"router"}
     first = calls[0][1]
     assert len(first) == 4
@@ -615,14 +628,17 @@ def test_bench_train_refits_the_router_alone_by_default_and_keeps_the_first_fits
     assert main([*common, *routed, "--refit-routes", "all", "--out", str(tmp_path / "a")]) == 0
     assert {what for what, _ in calls} == {"all"}
     assert any(not torch.equal(s[n][1], calls[0][1][n][1]) for _, s in calls[1:] for n in s)  # groups moved
-    ckpt = checkpoint.load(tmp_path / "r", {})
-    assert ckpt.args["refit_routes"] == "router"
+    assert main([*common, *routed, "--refit-routes", "all", "--out", str(tmp_path / "s"), "--stop-at", "4"]) == 0
+    ckpt = checkpoint.load(tmp_path / "s", {})
+    assert ckpt.args["refit_routes"] == "all"
     ckpt.args.pop("refit_routes")  # as bench.train wrote it before --refit-routes existed
-    checkpoint.save(tmp_path / "r", ckpt)
-    resume = [*common, *routed, "--out", str(tmp_path / "r2"), "--resume", str(tmp_path / "r")]
+    checkpoint.save(tmp_path / "s", ckpt)
+    resume = [*common, *routed, "--out", str(tmp_path / "s"), "--resume", str(tmp_path / "s")]
     capsys.readouterr()
     assert main(resume) == 2  # it ran full refits: the default would change what it runs
     assert "'refit_routes': ('all', 'router')" in capsys.readouterr().err
-    assert main([*resume, "--refit-routes", "all"]) == 0
+    calls.clear()
+    assert main([*resume, "--refit-routes", "all"]) == 0  # steps 4 to 10, refitting everything as before
+    assert calls and {what for what, _ in calls} == {"all"}
     with pytest.raises(SystemExit):
         main([*common, "--refit-routes", "router", "--out", str(tmp_path / "d")])
