@@ -32,6 +32,10 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
 - a sparse step's worth e = (1 / k - (1 - f)) / f: k read as if every sparse step were worth e dense
   steps (bench.whole_run.sparse_step_worth; a model, not a measurement). With e fixed, a whole run gains
   at most max(1, s e) for any f (at f = 1 where s e > 1): e is the quality per sparse step;
+- refits: the share of the largest budget's logged wall time (compiles included) spent refitting
+  (log.csv's recluster_probe_s + recluster_fit_s: the probe forward and recluster(), routed or permuted
+  sites). It is inside the wall times and the iso-quality speedup, outside the projection (k and s
+  alone), and depends on the model's size; "-" where no refit ran;
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
@@ -67,6 +71,7 @@ class Run:
     steady: bool = False  # wall_s from the summary's timed tokens/s
     device: str | None = None  # the summary's "device:" line (None: no summary or no such line)
     model: str | None = None  # the summary's model name (None: no summary)
+    refit_frac: float = 0.0  # share of the logged wall time (compiles included) in the probe forward and recluster()
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -78,11 +83,12 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     rows = [r for r in rows if r["run"] == name]
     if not rows:
         raise ValueError(f"{path}: no rows of run {name!r}")
-    wall = sparse = 0.0
+    wall = sparse = refit = 0.0
     previous = 0
     for r in rows:
         step = int(r["step"])
         wall += (step - previous) * tokens_per_step / float(r["tokens_per_s"])
+        refit += sum(float(r.get(k) or 0) for k in ("recluster_probe_s", "recluster_fit_s"))
         if r["phase"] == "sparse":
             sparse += step - previous
         previous = step
@@ -98,7 +104,7 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     steady = wall if rate is None else previous * tokens_per_step / rate
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
-        device_in(text), model_of(text),
+        device_in(text), model_of(text), refit / wall,
     )  # fmt: skip
 
 
@@ -365,6 +371,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for log, d in differ:
             print(f"{name}: {log} ran on {d}: its wall time is not compared")
         unlike = "- (devices differ)" if differ else None
+        largest = max(budgets, key=lambda b: b.steps)
         row = {
             "recipe": name,
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
@@ -375,6 +382,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "a sparse step's worth (e)": _worth_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
+            "refits, share of wall": f"{largest.refit_frac:.1%}" if largest.refit_frac else "-",
             "iso-quality speedup (wall time: runs alone only)": unlike
             or (f"not reached (<{iso.upper:.3f}x)" if iso.speedup is None else f"{iso.bound}{iso.speedup:.3f}x"),
         }

@@ -7,17 +7,19 @@ import pytest
 from bench.whole_run import iso_quality, main, projected_speedup, read_run
 
 FIELDS = ["run", "step", "segment", "phase", "lr", "loss", "val_loss", "tokens_per_s"]
+REFITS = ["recluster_probe_s", "recluster_fit_s"]
 
 
-def _log(path, runs):
-    """runs: name -> list of (step, phase, tokens_per_s, val_loss or '')."""
+def _log(path, runs, refits=None):
+    """runs: name -> list of (step, phase, tokens_per_s, val_loss or ''); refits: per row (probe s, fit s),
+    written as bench.train's recluster columns (None: a log without them)."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w = csv.DictWriter(f, fieldnames=FIELDS + (REFITS if refits else []))
         w.writeheader()
         for name, rows in runs.items():
-            for step, phase, tps, val in rows:
-                w.writerow(dict(run=name, step=step, segment="x", phase=phase, lr=0, loss=1, val_loss=val,
-                                tokens_per_s=tps))  # fmt: skip
+            for i, (step, phase, tps, val) in enumerate(rows):
+                row = dict(run=name, step=step, segment="x", phase=phase, lr=0, loss=1, val_loss=val, tokens_per_s=tps)
+                w.writerow(row | (dict(zip(REFITS, refits[i], strict=True)) if refits else {}))
     return str(path)
 
 
@@ -118,6 +120,12 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     dense_wall, s1_wall = 100 * 1000 / 1000, 10 * 1000 / 1000 + 80 * 1000 / 2000 + 10 * 1000 / 1000
     assert never[0]["iso-quality speedup (wall time: runs alone only)"] == f"not reached (<{dense_wall / s1_wall:.3f}x)"
     assert never[0]["the same with compiles"] == f"{dense_wall / s1_wall:.3f}x"  # no summaries: the same walls
+    assert never[0]["refits, share of wall"] == "-"  # no recluster columns: no refits
+    # the refits' share of the largest budget's logged wall (120 steps: 12 + 48 + 12 s), read from its columns
+    s3 = [(12, "dense", 1000, ""), (108, "sparse", 2000, ""), (120, "dense", 1000, 1.95)]
+    s3 = _log(tmp_path / "s3.csv", {"sparse": s3}, refits=[(0, 0), (1.5, 4.5), ("", "")])
+    (fits,) = main(["--dense", d, "--recipe", f"r={s1},{s3}", "--tokens-per-step", "1000"])
+    assert fits["refits, share of wall"] == f"{6 / (12 + 48 + 12):.1%}"
     with pytest.raises(SystemExit, match="'r' is given twice"):
         main(["--dense", d, "--recipe", f"r={s1}", f"r={s2}"])
     # a flag given again adds to its list (argparse's default would keep only the last one's recipes)
