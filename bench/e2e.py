@@ -8,7 +8,9 @@ sparse_compile/passes/size_rule.py): CUDA FFNs that pay only with CUDA graphs ru
 graph under CUDA graphs, smaller ones stay dense, and its report says so.
 Every other configuration runs every site sparse at every size, without CUDA graphs unless
 --compile-mode has them, to measure its pattern there: small_ffn='sparse' unless its options say
-otherwise.
+otherwise. Sites with fitted state (routed tokens, permuted units) are fitted once after the warm-up
+steps, as bench.train fits them before its first sparse step (a probe forward, recluster(), one more
+untimed step); their `sites` cell then ends "; N fitted".
 Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
@@ -248,6 +250,30 @@ class Result:
     reports: str  # the site reports
 
 
+def has_fitted_state(label: str) -> bool:
+    """Whether configuration ``label`` has sites fitted by recluster(): routed tokens or permuted units."""
+    if label == "dense":
+        return False
+    config = BackendOptions.parse(backend_options(label)).config
+    return config.routes is not None or config.permute
+
+
+def fit_sites(
+    compiled: Callable, batch: tuple[torch.Tensor, torch.Tensor], autocast: Callable, sync: Callable, step: Callable
+) -> list[str]:
+    """Fit the sites that hold fitted state (routed tokens' groups and router, permuted units) once, as
+    bench.train does before its first sparse step: a probe forward, then recluster() (on every rank under
+    torch.distributed), then one untimed step on the fitted state. Returns the refitted sites (none: no
+    step runs). Unfitted, a routed site routes by its initial groups, not the padding and order a fit gives."""
+    with sparse_compile.probe_units(), torch.no_grad(), autocast():
+        compiled(*batch)
+    sites = sparse_compile.recluster()
+    if sites:
+        step()
+        sync()
+    return sites
+
+
 def run_one(
     size: str, label: str, args: argparse.Namespace, corpus: Corpus, d: distributed.Dist | None = None
 ) -> Result:
@@ -297,6 +323,9 @@ def run_one(
 
     for i in range(args.warmup):
         timed_step(i)
+    probe_reports = len(sparse_compile.compile_reports())
+    fitted = fit_sites(compiled, data[0], autocast, sync, lambda: step(0)) if has_fitted_state(label) else []
+    probe_reports = range(probe_reports, len(sparse_compile.compile_reports()))  # the probe's no-grad graph
     with GcTimer() as gc_timer, kernel_fn_timer(gpu) as kernel_fn:
         for i in range(args.warmup, args.warmup + args.steps):
             loss = timed_step(i)
@@ -362,8 +391,8 @@ def run_one(
     profile = profile if d.main else ""
     if args.dense_steps:
         row.update(dense_phase_steps(step, args.dense_steps, sync, device))
-    reports = sparse_compile.compile_reports()[n_reports:]
-    row["sites"] = "dense" if label == "dense" else _sites(reports)
+    reports = [r for i, r in enumerate(sparse_compile.compile_reports()) if i >= n_reports and i not in probe_reports]
+    row["sites"] = "dense" if label == "dense" else _sites(reports) + (f"; {len(fitted)} fitted" if fitted else "")
     return Result(row, top, calls, profile, "\n".join(str(r) for r in reports if r.sites))
 
 

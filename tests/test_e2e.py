@@ -192,6 +192,19 @@ def test_e2e_runs_dense_and_sparse_on_cpu(tmp_path):
     assert not (out / "host_profile.txt").exists()
 
 
+def test_e2e_fits_routed_sites_before_timing_them(tmp_path):
+    """A routed configuration is timed on fitted routes (bench.train's first fit), the default on none."""
+    from sparse_compile.ops import routes
+
+    routed = '{"activations": "16:4:16", "chunk": 4, "routes": 4}'
+    argv = ["--device", "cpu", "--configs", "default", routed, "--steps", "1", "--warmup", "1", "--out", str(tmp_path)]
+    assert e2e_main(argv) == 0
+    rows = list(csv.DictReader(open(tmp_path / "e2e.csv")))
+    assert rows[0]["sites"] == "4/4 sparse: reference"  # nothing to fit
+    assert rows[1]["sites"].endswith("; 4 fitted"), rows[1]["sites"]
+    assert len(routes._sites) == 4 and all(s.perm is not None and s.fitted for s in routes._sites.values())
+
+
 def test_gc_timer_times_collections_only_while_active():
     with GcTimer() as t:
         gc.collect()
