@@ -323,9 +323,9 @@ def run_one(
 
     for i in range(args.warmup):
         timed_step(i)
-    probe_reports = len(sparse_compile.compile_reports())
+    before_fit = len(sparse_compile.compile_reports())
     fitted = fit_sites(compiled, data[0], autocast, sync, lambda: step(0)) if has_fitted_state(label) else []
-    probe_reports = range(probe_reports, len(sparse_compile.compile_reports()))  # the probe's no-grad graph
+    probe_reports = range(before_fit, len(sparse_compile.compile_reports()))  # the probe's no-grad graph
     with GcTimer() as gc_timer, kernel_fn_timer(gpu) as kernel_fn:
         for i in range(args.warmup, args.warmup + args.steps):
             loss = timed_step(i)

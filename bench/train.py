@@ -302,7 +302,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if args.refit_routes is not None and not routed:
         p.error(f'--refit-routes {args.refit_routes}: needs routed tokens ("routes" in --sparsity)')
-    args.refit_routes = args.refit_routes or ("router" if routed else None)
+    args.refit_routes = args.refit_routes or "router"  # checked on resume only with routed tokens
     if routed and not args.recluster_every:
         p.error("--recluster-every 0 with routed tokens: the routing must be fitted (expected N > 0)")
     if args.compile_mode != "default":
@@ -484,7 +484,7 @@ def checked_args(args: argparse.Namespace) -> dict[str, Any]:
     cosine and --refit-routes without routed tokens, where they do nothing (such a run resumes whatever
     their defaults)."""
     idle = {"lr_decay_frac"} if args.lr_schedule != "wsd" else set()
-    idle |= {"refit_routes"} if args.refit_routes is None else set()
+    idle |= {"refit_routes"} if args.config.routes is None else set()
     return {k: getattr(args, k) for k in CHECKED_ARGS if k not in idle}
 
 
@@ -569,7 +569,7 @@ def train_one(
             compiled(x, y)
         sync()
         t2 = time.perf_counter()
-        sparse_compile.recluster(**({"routes": args.refit_routes} if routed else {}))
+        sparse_compile.recluster(routes=args.refit_routes)
         recluster["probe"] += t2 - t1
         recluster["fit"] += time.perf_counter() - t2
 
