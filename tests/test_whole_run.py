@@ -121,6 +121,7 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert never[0]["iso-quality speedup (wall time: runs alone only)"] == f"not reached (<{dense_wall / s1_wall:.3f}x)"
     assert never[0]["the same with compiles"] == f"{dense_wall / s1_wall:.3f}x"  # no summaries: the same walls
     assert never[0]["refits, share of wall"] == "-"  # no recluster columns: no refits
+    assert never[0]["tokens per parameter"] == "-"  # no summary: no parameter count
     # the refits' share of the largest budget's logged wall (120 steps: 12 + 48 + 12 s), read from its columns
     s3 = [(12, "dense", 1000, ""), (108, "sparse", 2000, ""), (120, "dense", 1000, 1.95)]
     s3 = _log(tmp_path / "s3.csv", {"sparse": s3}, refits=[(0, 0), (1.5, 4.5), ("", "")])
@@ -211,6 +212,8 @@ def test_wall_time_is_the_summarys_steady_state_with_the_compiles_beside_it(tmp_
     row = main(["--dense", d, "--recipe", f"r={s}", "--tokens-per-step", "1000"])[0]
     assert row["wall vs dense, same steps"] == f"{100 / 62.5:.3f}x"
     assert row["the same with compiles"] == f"{150 / 100:.3f}x"
+    # the dense run's length: 100 steps x 1000 tokens over the summary's 1M parameters
+    assert row["tokens per parameter"] == "0.1"
     with pytest.raises(ValueError, match="no rows of run 'sparse'"):
         read_run(d, "sparse")
     # a run without a summary: every ratio takes the walls with compiles, and says so
