@@ -658,7 +658,9 @@ def _maybe(value: float, fmt: str) -> str:
     return "n/a" if math.isnan(value) else fmt.format(value)
 
 
-def summary_table(results: dict[str, RunResult]) -> str:
+def summary_table(results: dict[str, RunResult], keep: float | None = None) -> str:
+    """The summary's table, one column per run. ``keep``: with routed tokens, the share of H one group keeps
+    (4/M), what a random group keeps of a token's mass: the routed row's baseline."""
     names = list(results)
     rows = [
         ["final val loss", *(f"{results[n].final_val_loss:.4f}" for n in names)],
@@ -685,6 +687,15 @@ def summary_table(results: dict[str, RunResult]) -> str:
             gap = (r["val_loss"] - r["val_loss_dense"]) / r["val_loss_dense"]
             value = f"{r['val_loss']:.4f} / {r['val_loss_dense']:.4f} ({100 * gap:+.2f}%)"
             label = f"sparse run at step {r['step']}: val loss sparse / dense FFNs"
+            rows.append([label, *[""] * (len(names) - 1), value])
+        fits = [
+            r["route_oracle_frac"]
+            for r in results["sparse"].rows
+            if not math.isnan(r.get("route_oracle_frac", math.nan))
+        ]
+        if fits and keep is not None:  # do the groups still follow the model? a fresh sample's best group, each refit
+            value = f"{fits[0]:.3f} / {fits[-1]:.3f} (a random group: {keep:.3f})"
+            label = "routed groups: a sampled token's best group's share of its mass, first / last refit"
             rows.append([label, *[""] * (len(names) - 1), value])
     return tabulate(rows, headers=["", *names], tablefmt="github", disable_numparse=True)
 
@@ -806,7 +817,8 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(out / "log.csv", [row for r in results.values() for row in r.rows], CSV_FIELDS)
         (out / PARTIAL_LOG).unlink(missing_ok=True)
         plot(results, schedule, args.steps, out / "loss.png")
-        table = summary_table(results)
+        keep = 4 / args.config.activation_pattern[2] if args.config.routes is not None else None
+        table = summary_table(results, keep)
         if "sparse" in results:  # what ran sparse, with which kernels (the sparse run compiled last)
             table += "\n\n" + reports_text(sparse_compile.compile_reports())
         (out / "summary.txt").write_text(f"{header}\n\n{table}\n")

@@ -668,6 +668,23 @@ def test_summary_lead_row_in_the_sparse_column(names):
     assert cells[names.index("sparse") + 1] == "1.8000 / 2.0000 (-10.00%)"
 
 
+def test_summary_routed_row_gives_the_first_and_last_fit_against_a_random_group():
+    """With routed tokens the summary shows a sampled token's best-group share at the first and the last
+    refit beside what a random group keeps (4/M), so groups that stopped following the model show."""
+    from bench.train import RunResult, summary_table
+
+    results = {"sparse": RunResult("sparse", final_val_loss=2.0)}
+    nan = float("nan")
+    results["sparse"].rows = [
+        {"step": s, "route_oracle_frac": f} for s, f in ((1, nan), (2, 0.81), (3, 0.4), (4, 0.26))
+    ]
+    line = next(x for x in summary_table(results, keep=0.25).splitlines() if "routed groups" in x)
+    assert [c.strip() for c in line.strip("|").split("|")][1] == "0.810 / 0.260 (a random group: 0.250)"
+    assert "routed groups" not in summary_table(results)  # no keep given: not a routed run
+    results["sparse"].rows = [{"step": 1, "route_oracle_frac": nan}]  # never fitted: no row
+    assert "routed groups" not in summary_table(results, keep=0.25)
+
+
 def _states(stdout: str) -> dict[str, str]:
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines() if line.startswith("| ")]
     return {c[0]: c[1] for c in cells if len(c) == 2 and c[0] != "run"}
