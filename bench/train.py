@@ -693,9 +693,9 @@ def summary_table(results: dict[str, RunResult], keep: float | None = None) -> s
             for r in results["sparse"].rows
             if not math.isnan(r.get("route_oracle_frac", math.nan))
         ]
-        if fits and keep is not None:  # do the groups still follow the model? a fresh sample's best group, each refit
+        if fits and keep is not None:  # do the groups still follow the model? (a first fit's own sample reads high)
             value = f"{fits[0]:.3f} / {fits[-1]:.3f} (a random group: {keep:.3f})"
-            label = "routed groups: a sampled token's best group's share of its mass, first / last refit"
+            label = "routed groups: a refit sample's best-group share of its mass, first / last logged"
             rows.append([label, *[""] * (len(names) - 1), value])
     return tabulate(rows, headers=["", *names], tablefmt="github", disable_numparse=True)
 

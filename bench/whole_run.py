@@ -27,7 +27,8 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   It assumes k, measured at the runs' own size and length, carries over to the size projected to.
   At one size k grows with the run's length (bench/RESULTS.md 6c), so a projection from runs far
   shorter than the run projected to overstates it: "tokens per parameter" gives the dense run's
-  length (its steps x tokens per step over the model's parameters, from its summary; "-" without);
+  length (its steps x tokens per step over the model's parameters, both from its summary's header;
+  "-" without a summary);
 - a budget from another sweep (run elsewhere or later) names its own dense run of the same seed
   and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
   times at their ratio to that run's, both put onto the --dense runs' (their loss and walls scaled), then
@@ -75,7 +76,8 @@ class Run:
     device: str | None = None  # the summary's "device:" line (None: no summary or no such line)
     model: str | None = None  # the summary's model name (None: no summary)
     refit_frac: float = 0.0  # share of the logged wall time (compiles included) in the probe forward and recluster()
-    params: float | None = None  # the model's parameters: the summary's "model NAME (P.PM params)" (None: none)
+    params: float | None = None  # the model's parameters, from the summary's header (None: no summary)
+    step_tokens: int | None = None  # tokens per step (all ranks), from the summary's header (None: no summary)
 
 
 def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16384) -> Run:
@@ -108,7 +110,7 @@ def read_run(path: str | Path, run: str | None = None, tokens_per_step: int = 16
     steady = wall if rate is None else previous * tokens_per_step / rate
     return Run(
         previous, steady, float(finals[-1]["val_loss"]), sparse / previous, wall, rate is not None,
-        device_in(text), model_of(text), refit / wall, params_of(text),
+        device_in(text), model_of(text), refit / wall, *length_of(text),
     )  # fmt: skip
 
 
@@ -229,13 +231,25 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
 _MODEL = re.compile(r"^model (\S+) \(", re.M)
 
 
-_PARAMS = re.compile(r"^model \S+ \(([\d.]+)M params\)", re.M)
+_LENGTH = re.compile(
+    r"^model \S+ \(([\d.]+)M params\), \d+ steps x (\d+)x(\d+) tokens(?: per rank x (\d+) ranks)?", re.M
+)
 
 
-def params_of(text: str) -> float | None:
-    """The model's parameter count in bench.train's summary.txt ``text`` (None: no summary, or no count)."""
-    match = _PARAMS.search(text)
-    return None if match is None else float(match.group(1)) * 1e6
+def length_of(text: str) -> tuple[float | None, int | None]:
+    """(parameters, tokens per step over all ranks) from bench.train's summary.txt header ``text``
+    ("model NAME (P.PM params), S steps x BxL tokens[ per rank x W ranks]"); (None, None) without one."""
+    match = _LENGTH.search(text)
+    if match is None:
+        return None, None
+    params, batch, seq, ranks = match.groups()
+    return float(params) * 1e6, int(batch) * int(seq) * int(ranks or 1)
+
+
+def _tokens_per_param(run: Run) -> str:
+    if run.params is None or run.step_tokens is None:
+        return "-"
+    return f"{run.steps * run.step_tokens / run.params:.3g}"
 
 
 def model_of(text: str) -> str | None:
@@ -377,7 +391,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             gap = budgets[j].final_val / reference - 1
             print(f"{name}: {log} against {own_log} (gap {gap:+.2%}), put onto the --dense runs' loss")
         iso = iso_quality(dense_wall, base.steps, target, budgets)
-        tokens = args.tokens_per_step
         same = [b for b in budgets if b.steps == base.steps]
         # walls on different devices are no speedup: k and the projections (from k alone) still hold
         differ = [(log, d) for (log, _), b, o in zip(files[i], budgets, owns[i], strict=True)
@@ -396,7 +409,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "a sparse step's worth (e)": _worth_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
-            "tokens per parameter": "-" if base.params is None else f"{base.steps * tokens / base.params:.3g}",
+            "tokens per parameter": _tokens_per_param(base),
             "refits, share of wall": f"{largest.refit_frac:.1%}" if largest.refit_frac else "-",
             "iso-quality speedup (wall time: runs alone only)": unlike
             or (f"not reached (<{iso.upper:.3f}x)" if iso.speedup is None else f"{iso.bound}{iso.speedup:.3f}x"),

@@ -668,8 +668,8 @@ def test_summary_lead_row_in_the_sparse_column(names):
     assert cells[names.index("sparse") + 1] == "1.8000 / 2.0000 (-10.00%)"
 
 
-def test_summary_routed_row_gives_the_first_and_last_fit_against_a_random_group():
-    """With routed tokens the summary shows a sampled token's best-group share at the first and the last
+def test_summary_routed_row_gives_the_first_and_last_logged_fit_against_a_random_group():
+    """With routed tokens the summary shows a refit sample's best-group share at the first and the last logged
     refit beside what a random group keeps (4/M), so groups that stopped following the model show."""
     from bench.train import RunResult, summary_table
 

@@ -620,9 +620,9 @@ def test_bench_train_refits_the_router_alone_by_default_and_keeps_the_first_fits
     routed = ["--sparsity", '{"activations": "16:4:16", "chunk": 4, "routes": 4}', "--recluster-every", "2"]
     assert main([*common, *routed, "--out", str(tmp_path / "r")]) == 0
     assert len(calls) >= 2 and {what for what, _ in calls} == {"router"}
-    # the summary says whether the groups still follow the model: best-group share, first / last refit
+    # the summary says whether the groups still follow the model: best-group share, first / last logged
     summary = (tmp_path / "r" / "summary.txt").read_text()
-    assert re.search(r"first / last refit \| [01]\.\d{3} / [01]\.\d{3} \(a random group: 0\.250\)", summary)
+    assert re.search(r"first / last logged \| [01]\.\d{3} / [01]\.\d{3} \(a random group: 0\.250\)", summary)
     first = calls[0][1]
     assert len(first) == 4
     for _, sites in calls[1:]:

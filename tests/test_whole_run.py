@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from bench.whole_run import iso_quality, main, projected_speedup, read_run
+from bench.whole_run import iso_quality, length_of, main, projected_speedup, read_run
 
 FIELDS = ["run", "step", "segment", "phase", "lr", "loss", "val_loss", "tokens_per_s"]
 REFITS = ["recluster_probe_s", "recluster_fit_s"]
@@ -212,8 +212,15 @@ def test_wall_time_is_the_summarys_steady_state_with_the_compiles_beside_it(tmp_
     row = main(["--dense", d, "--recipe", f"r={s}", "--tokens-per-step", "1000"])[0]
     assert row["wall vs dense, same steps"] == f"{100 / 62.5:.3f}x"
     assert row["the same with compiles"] == f"{150 / 100:.3f}x"
-    # the dense run's length: 100 steps x 1000 tokens over the summary's 1M parameters
+    # the dense run's length: 100 steps x 10x100 tokens over the summary's 1M parameters, all from its header
     assert row["tokens per parameter"] == "0.1"
+    head = "model 1.3b (1209.1M params), 3200 steps x 16x1024 tokens"
+    assert length_of(f"{head}; peak lr 0.00015\n") == (1209.1e6, 16 * 1024)
+    assert length_of(f"{head} per rank x 2 ranks (ddp); peak lr 0.00015\n") == (1209.1e6, 2 * 16 * 1024)
+    assert length_of("") == (None, None)
+    # --tokens-per-step sets the walls; the length comes from the summary whatever the flag says
+    other = main(["--dense", d, "--recipe", f"r={s}", "--tokens-per-step", "2000"])[0]
+    assert other["tokens per parameter"] == "0.1"
     with pytest.raises(ValueError, match="no rows of run 'sparse'"):
         read_run(d, "sparse")
     # a run without a summary: every ratio takes the walls with compiles, and says so
