@@ -35,7 +35,8 @@ RUN_LINE = (
     "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; what a run gains at the dense run's loss is "
     "measured in bench/RESULTS.md section 6c; under a warm-up-stable-decay lr, PhaseSchedule.until_lr_decay "
     "(sparse until the decay) reached the dense loss sooner than this default on a 1.2B model (one seed; a "
-    "second close to it), later on 126M and 353M ones"
+    "second close to it), later on 126M and 353M ones; all from runs far shorter than a full pre-training run, and "
+    "at one size a longer run needed relatively more extra steps to reach the dense loss"
 )
 NO_GRAPHS_NOTE = (
     "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "

@@ -95,6 +95,8 @@ def test_the_report_says_what_a_run_gains_from_its_step():
     # the opt-in for a warm-up-stable-decay lr is named with the condition it was measured under, not as the default
     assert "under a warm-up-stable-decay lr, PhaseSchedule.until_lr_decay" in line
     assert line.index("the default recipe") < line.index("until_lr_decay")
+    # and the caveat of the runs those gains come from: short ones, and a longer run needs relatively more steps
+    assert "runs far shorter than a full pre-training run" in line and "a longer run needed" in line
     with pytest.raises(ValueError, match="warmup=0.7, final_dense=0.4"):
         run_line(0.7, 0.4)
     short = explain(GPT(GPTConfig(block_size=64, n_layer=1, n_head=4, n_embd=128)), torch.randint(0, 256, (2, 64)))
