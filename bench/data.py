@@ -1,12 +1,16 @@
 """The corpus: Python source files already on the machine, as bytes (vocabulary 256). No downloads.
 
-Two corpora (``Corpus.load(source=...)``):
+Three corpora (``Corpus.load(source=...)``):
 - "stdlib" (the main job's default, ~10 MB on the GPU machines): files under
   ``sysconfig.get_paths()['stdlib']`` (site-packages excluded) sorted by path, every 10th to validation.
 - "packages" (~100 MB, enough for one epoch of the 125M job): the standard library plus the installed
   ``torch`` and ``sympy`` packages (both dependencies of this project), in a deterministic order
   (source, then relative path), deduplicated by content (a file whose bytes were seen already is
   skipped); validation = whole files whose "source/relative path" hashes to 0 mod 10.
+- "site" (a few hundred MB where transformers is installed): the standard library plus every top-level
+  folder of site-packages (``sysconfig.get_paths()['purelib']``), built as "packages" is: for runs long
+  enough to repeat "packages" (it holds about 4300 steps of 16 x 1024 tokens), whose loss would flatten
+  from repetition rather than from learning.
 Each split is the concatenation of its files' bytes, cached as a uint8 array that is memory-mapped
 on later runs; the cache key covers the file list, sizes and versions.
 """
@@ -33,7 +37,9 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     return files
 
 
-CORPORA = ("stdlib", "packages")
+CORPORA = ("stdlib", "packages", "site")
+SKIP_DIRS = ("__pycache__",)  # site-packages folders that hold no package of their own
+SKIP_SUFFIXES = (".dist-info", ".egg-info", ".data")
 
 
 def package_roots() -> list[tuple[str, Path]]:
@@ -42,6 +48,16 @@ def package_roots() -> list[tuple[str, Path]]:
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     return [("stdlib", stdlib), ("torch", Path(torch.__file__).parent), ("sympy", Path(sympy.__file__).parent)]
+
+
+def site_roots(purelib: Path | None = None) -> list[tuple[str, Path]]:
+    """(label, root) of the "site" corpus: the standard library, then every folder directly under
+    ``purelib`` (default: this interpreter's site-packages) by name, less caches and install metadata."""
+    site = Path(purelib or sysconfig.get_paths()["purelib"])
+    folders = sorted(
+        p for p in site.iterdir() if p.is_dir() and p.name not in SKIP_DIRS and not p.name.endswith(SKIP_SUFFIXES)
+    )
+    return [("stdlib", Path(sysconfig.get_paths()["stdlib"]))] + [(p.name, p) for p in folders]
 
 
 def package_files(roots: Sequence[tuple[str, Path]]) -> list[tuple[str, Path]]:
@@ -83,12 +99,14 @@ class Corpus:
         source: str = "stdlib",
         roots: Sequence[tuple[str, Path]] | None = None,
     ) -> "Corpus":
-        """The ``source`` corpus ("stdlib" under ``root``, or "packages" under ``roots``; default
-        the installed ones), built into ``cache_dir`` the first time."""
+        """The ``source`` corpus ("stdlib" under ``root``, or "packages" / "site" under ``roots``;
+        default the installed ones), built into ``cache_dir`` the first time."""
         if source not in CORPORA:
             raise ValueError(f"corpus source={source!r}: expected one of {CORPORA}")
         if source == "packages":
             return cls._load_packages(Path(cache_dir or default_cache_dir()), roots or package_roots())
+        if source == "site":
+            return cls._load_packages(Path(cache_dir or default_cache_dir()), roots or site_roots(), "site")
         files = stdlib_files(root)
         key = hashlib.sha256("\n".join(f"{p}:{p.stat().st_size}" for p in files).encode()).hexdigest()[:16]
         cache = Path(cache_dir or default_cache_dir())
@@ -106,14 +124,21 @@ class Corpus:
         return cls(arrays["train"], arrays["val"], str(files[0].parent), len(files))
 
     @classmethod
-    def _load_packages(cls, cache: Path, roots: Sequence[tuple[str, Path]]) -> "Corpus":
+    def _load_packages(cls, cache: Path, roots: Sequence[tuple[str, Path]], name: str = "packages") -> "Corpus":
         from tqdm import tqdm
 
         files = package_files(roots)
-        versions = _versions([label for label, _ in roots])
+        labels = [label for label, _ in roots]
+        # "site" names its folders, not their versions: importing every installed package to ask is slow and
+        # can fail; its listing of names and sizes keys the cache all the same
+        versions = (
+            _versions(labels)
+            if name == "packages"
+            else _versions(labels[:1]) + f" + {len(labels) - 1} site-packages folders"
+        )
         listing = "\n".join(f"{name}:{p.stat().st_size}" for name, p in files) + versions
         key = hashlib.sha256(listing.encode()).hexdigest()[:16]
-        paths = {split: cache / f"packages-{key}-{split}.u8" for split in ("train", "val", "count")}
+        paths = {split: cache / f"{name}-{key}-{split}.u8" for split in ("train", "val", "count")}
         if not all(p.exists() for p in paths.values()):
             cache.mkdir(parents=True, exist_ok=True)
             parts: dict[str, list[bytes]] = {"train": [], "val": []}

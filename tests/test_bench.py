@@ -537,6 +537,29 @@ def test_packages_corpus_is_deterministic_deduplicated_and_split_by_file(tmp_pat
         Corpus.load(tmp_path, source="web")
 
 
+def test_site_corpus_takes_every_site_packages_folder_but_caches_and_metadata(tmp_path):
+    """The "site" corpus: the standard library, then each folder under site-packages by name (not
+    __pycache__, *.dist-info, *.egg-info, *.data, nor loose files), built and split as "packages" is."""
+    from bench.data import package_files, site_roots
+
+    site = tmp_path / "site-packages"
+    _tree(site, {"zeta/z.py": "z = 1\n", "alpha/a.py": "a = 1\n", "alpha/sub/b.py": "b = 2\n", "loose.py": "no\n"})
+    _tree(site, {"__pycache__/c.py": "no\n", "alpha-1.0.dist-info/m.py": "no\n", "old.egg-info/e.py": "no\n"})
+    _tree(site, {"x-1.0.data/d.py": "no\n"})
+    roots = site_roots(site)
+    assert [label for label, _ in roots] == ["stdlib", "alpha", "zeta"]
+    assert roots[1:] == [("alpha", site / "alpha"), ("zeta", site / "zeta")]
+    lib = tmp_path / "lib"
+    _tree(lib, {f"m{i}.py": f"y = {i}\n" * (i + 2) for i in range(30)})
+    roots = [("stdlib", lib), *roots[1:]]
+    corpus = Corpus.load(tmp_path / "c", source="site", roots=roots)
+    assert corpus.n_files == 33 and "2 site-packages folders" in corpus.source
+    assert corpus.source.startswith("Python ") and "stdlib" in corpus.source
+    files = dict(package_files(roots))
+    assert len(bytes(corpus.train)) + len(bytes(corpus.val)) == sum(p.stat().st_size for p in files.values())
+    assert list((tmp_path / "c").glob("site-*-train.u8"))  # its own cache, apart from "packages"
+
+
 def test_packages_corpus_of_this_machine(tmp_path):
     corpus = Corpus.load(tmp_path, source="packages")
     assert len(corpus.train) > 60_000_000 and len(corpus.val) > 3_000_000
