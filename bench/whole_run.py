@@ -43,6 +43,8 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
+  The gap at equal steps, g, is the budget of the dense run's steps against the target ("-" without
+  one); with the slope sigma (in percent), k is about exp(g / sigma) (docs/design.md).
 
     python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
         --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555
@@ -405,6 +407,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
             "wall vs dense, same steps": unlike or (f"{dense_wall / same[0].wall_s:.3f}x" if same else "-"),
             "the same with compiles": unlike or (_with_compiles(targets, same[0]) if same else "-"),
+            "gap at equal steps (g)": f"{same[0].final_val / target - 1:+.2%}" if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "a sparse step's worth (e)": _worth_cell(iso, budgets, base.steps),

@@ -105,6 +105,7 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     # 2.1 -> 1.95 crosses 2.0 at 2/3 of the way from 100 to 120 steps
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
     assert rows[0]["loss fall per 1% more steps"] == f"{0.15 / 2.0 / 20:.2%}"
+    assert rows[0]["gap at equal steps (g)"] == "+5.00%"  # the 100-step budget, 2.1 against 2.0
     # 1.133 x 100 steps, 80% sparse, reach what 100 dense steps reach: 20 + 80 e = 100 / 1.133
     assert rows[0]["a sparse step's worth (e)"] == f"={(100 / (100 + 2 / 3 * 20) - 0.2) / 0.8:.3f}"
     assert "target: dense final val 2.0000" in capsys.readouterr().out
@@ -113,6 +114,7 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert never[0]["a sparse step's worth (e)"] == "<1.000"  # k > 1: a sparse step worth less than a dense one
     # reached at the smallest budget (120 steps, 1.95 < 2.0): k at most 1.2, e at least its reading
     (early,) = main(["--dense", d, "--recipe", f"r={s2}", "--tokens-per-step", "1000"])
+    assert early["gap at equal steps (g)"] == "-"  # no budget of the dense run's 100 steps
     assert early["steps to the target (k)"] == "<=1.200"
     assert early["a sparse step's worth (e)"] == f">={(1 / 1.2 - 0.2) / 0.8:.3f}"
     assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
