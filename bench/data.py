@@ -7,10 +7,11 @@ Three corpora (``Corpus.load(source=...)``):
   ``torch`` and ``sympy`` packages (both dependencies of this project), in a deterministic order
   (source, then relative path), deduplicated by content (a file whose bytes were seen already is
   skipped); validation = whole files whose "source/relative path" hashes to 0 mod 10.
-- "site" (a few hundred MB where transformers is installed): the standard library plus every top-level
-  folder of site-packages (``sysconfig.get_paths()['purelib']``), built as "packages" is: for runs long
-  enough to repeat "packages" (it holds about 4300 steps of 16 x 1024 tokens), whose loss would flatten
-  from repetition rather than from learning.
+- "site" (several times "packages" where more is installed): the standard library plus every folder
+  directly under site-packages (``purelib`` and ``platlib``; not links, caches or install metadata),
+  less vendored copies (``_vendor``, ``vendor``, ``vendored`` folders) and files over MAX_SITE_FILE
+  bytes (generated literals), built as "packages" is; unreadable files are skipped and counted. For
+  runs long enough to repeat "packages", whose loss would flatten from repetition, not from learning.
 Each split is the concatenation of its files' bytes, cached as a uint8 array that is memory-mapped
 on later runs; the cache key covers the file list, sizes and versions.
 """
@@ -40,6 +41,8 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
 CORPORA = ("stdlib", "packages", "site")
 SKIP_DIRS = ("__pycache__",)  # site-packages folders that hold no package of their own
 SKIP_SUFFIXES = (".dist-info", ".egg-info", ".data")
+VENDORED_PARTS = {"_vendor", "vendor", "vendored"}  # near-copies of other packages: a val file's twin in train
+MAX_SITE_FILE = 1 << 20  # bytes: larger .py files are generated data, not code
 
 
 def package_roots() -> list[tuple[str, Path]]:
@@ -50,14 +53,36 @@ def package_roots() -> list[tuple[str, Path]]:
     return [("stdlib", stdlib), ("torch", Path(torch.__file__).parent), ("sympy", Path(sympy.__file__).parent)]
 
 
-def site_roots(purelib: Path | None = None) -> list[tuple[str, Path]]:
-    """(label, root) of the "site" corpus: the standard library, then every folder directly under
-    ``purelib`` (default: this interpreter's site-packages) by name, less caches and install metadata."""
-    site = Path(purelib or sysconfig.get_paths()["purelib"])
-    folders = sorted(
-        p for p in site.iterdir() if p.is_dir() and p.name not in SKIP_DIRS and not p.name.endswith(SKIP_SUFFIXES)
-    )
-    return [("stdlib", Path(sysconfig.get_paths()["stdlib"]))] + [(p.name, p) for p in folders]
+def site_dirs() -> list[Path]:
+    """This interpreter's site-packages folders: purelib, and platlib where it differs."""
+    paths = sysconfig.get_paths()
+    dirs = [Path(paths["purelib"])]
+    if Path(paths["platlib"]).resolve() != dirs[0].resolve():
+        dirs.append(Path(paths["platlib"]))
+    return [d for d in dirs if d.is_dir()]
+
+
+def site_roots(dirs: Sequence[Path] | None = None) -> list[tuple[str, Path]]:
+    """(label, root) of the "site" corpus: the standard library, then every folder directly under the
+    site-packages ``dirs`` (default: site_dirs()), by name, the first of a name kept: not links (they
+    can lead back into site-packages or out of it), caches or install metadata."""
+    folders: dict[str, Path] = {}
+    for site in dirs if dirs is not None else site_dirs():
+        for p in Path(site).iterdir():
+            keep = p.is_dir() and not p.is_symlink() and p.name not in SKIP_DIRS
+            if keep and not p.name.endswith(SKIP_SUFFIXES):
+                folders.setdefault(p.name, p)
+    return [("stdlib", Path(sysconfig.get_paths()["stdlib"]))] + [(n, folders[n]) for n in sorted(folders)]
+
+
+def site_files(roots: Sequence[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """package_files(roots) less vendored copies and files over MAX_SITE_FILE bytes."""
+    files = package_files(roots)
+    return [
+        (name, path)
+        for name, path in files
+        if not VENDORED_PARTS.intersection(name.split("/")[1:-1]) and path.stat().st_size <= MAX_SITE_FILE
+    ]
 
 
 def package_files(roots: Sequence[tuple[str, Path]]) -> list[tuple[str, Path]]:
@@ -104,9 +129,22 @@ class Corpus:
         if source not in CORPORA:
             raise ValueError(f"corpus source={source!r}: expected one of {CORPORA}")
         if source == "packages":
-            return cls._load_packages(Path(cache_dir or default_cache_dir()), roots or package_roots())
+            roots = roots or package_roots()
+            files, about = package_files(roots), _versions([label for label, _ in roots])
+            return cls._load_files(Path(cache_dir or default_cache_dir()), "packages", files, about, about)
         if source == "site":
-            return cls._load_packages(Path(cache_dir or default_cache_dir()), roots or site_roots(), "site")
+            roots = roots or site_roots()
+            files = site_files(roots)
+            folders = len({name.split("/")[0] for name, _ in files} - {"stdlib"})
+            about = f"Python {sys.version.split()[0]} stdlib + site-packages ({folders} folders)"
+            # the installed distributions' names carry their versions: an upgrade that keeps every file's
+            # size still changes the key (the folders' versions are not asked: importing each is slow, can fail)
+            installed = sorted(
+                {p.name for _, r in roots[1:] for p in r.parent.iterdir() if p.name.endswith(".dist-info")}
+            )
+            return cls._load_files(
+                Path(cache_dir or default_cache_dir()), "site", files, about, about + "".join(installed)
+            )
         files = stdlib_files(root)
         key = hashlib.sha256("\n".join(f"{p}:{p.stat().st_size}" for p in files).encode()).hexdigest()[:16]
         cache = Path(cache_dir or default_cache_dir())
@@ -124,42 +162,44 @@ class Corpus:
         return cls(arrays["train"], arrays["val"], str(files[0].parent), len(files))
 
     @classmethod
-    def _load_packages(cls, cache: Path, roots: Sequence[tuple[str, Path]], name: str = "packages") -> "Corpus":
+    def _load_files(
+        cls, cache: Path, prefix: str, files: Sequence[tuple[str, Path]], about: str, key_extra: str
+    ) -> "Corpus":
+        """Build (once) and load a corpus of ``files`` ("label/relative/path", path): deduplicated by
+        content, validation by file name (is_val), cached under ``prefix`` and a key of the file list,
+        sizes and ``key_extra``; ``about`` names the sources. An unreadable file is skipped and counted."""
         from tqdm import tqdm
 
-        files = package_files(roots)
-        labels = [label for label, _ in roots]
-        # "site" names its folders, not their versions: importing every installed package to ask is slow and
-        # can fail; its listing of names and sizes keys the cache all the same
-        versions = (
-            _versions(labels)
-            if name == "packages"
-            else _versions(labels[:1]) + f" + {len(labels) - 1} site-packages folders"
-        )
-        listing = "\n".join(f"{name}:{p.stat().st_size}" for name, p in files) + versions
+        listing = "\n".join(f"{name}:{p.stat().st_size}" for name, p in files) + key_extra
         key = hashlib.sha256(listing.encode()).hexdigest()[:16]
-        paths = {split: cache / f"{name}-{key}-{split}.u8" for split in ("train", "val", "count")}
+        paths = {split: cache / f"{prefix}-{key}-{split}.u8" for split in ("train", "val", "count")}
         if not all(p.exists() for p in paths.values()):
             cache.mkdir(parents=True, exist_ok=True)
             parts: dict[str, list[bytes]] = {"train": [], "val": []}
             seen: set[bytes] = set()
-            for name, path in tqdm(files, desc="building the corpus", unit="file", file=sys.stderr):
-                data = path.read_bytes()
+            unreadable = 0
+            for file_name, path in tqdm(files, desc="building the corpus", unit="file", file=sys.stderr):
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    unreadable += 1
+                    continue
                 digest = hashlib.sha256(data).digest()
                 if digest in seen:
                     continue
                 seen.add(digest)
-                parts["val" if is_val(name) else "train"].append(data)
+                parts["val" if is_val(file_name) else "train"].append(data)
             payload = {"train": b"".join(parts["train"]), "val": b"".join(parts["val"])}
-            payload["count"] = str(len(seen)).encode()
+            payload["count"] = f"{len(seen)},{unreadable}".encode()
             for split, data in payload.items():
                 tmp = paths[split].with_suffix(f".tmp{os.getpid()}")
                 tmp.write_bytes(data)
                 tmp.replace(paths[split])
-        n_files = int(paths["count"].read_bytes())
+        n_files, _, unreadable = paths["count"].read_text().partition(",")  # "N" in caches built before the count
         arrays = {split: np.memmap(paths[split], dtype=np.uint8, mode="r") for split in ("train", "val")}
-        source = f"{versions} sources ({len(files)} files, {n_files} after removing duplicates)"
-        return cls(arrays["train"], arrays["val"], source, n_files)
+        skipped = f", {unreadable} unreadable skipped" if unreadable not in ("", "0") else ""
+        source = f"{about} sources ({len(files)} files, {n_files} after removing duplicates{skipped})"
+        return cls(arrays["train"], arrays["val"], source, int(n_files))
 
 
 def _versions(labels: Sequence[str]) -> str:

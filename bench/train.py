@@ -168,8 +168,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=CORPORA,
         default="packages",
         help="packages: the standard library's, torch's and sympy's sources (~70-100 MB); stdlib: the standard "
-        "library's alone (~10 MB); site: the standard library and every site-packages folder (a few hundred MB: "
-        "for runs that would repeat packages)",
+        "library's alone (~10 MB); site: the standard library and every site-packages folder (several times "
+        "packages where more is installed: for runs that would repeat packages)",
     )
     p.add_argument(
         "--recluster-every",

@@ -43,8 +43,9 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
 - slope: how much lower the final loss ends per 1% more steps, between the two budgets that
   bracket the target (else the two nearest it), relative to the target. k - 1 is about the gap at
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
-  The gap at equal steps, g, is the budget of the dense run's steps against the target ("-" without
-  one); with the slope sigma (in percent), k is about exp(g / sigma) (docs/design.md).
+  g, the gap at equal steps: the final loss of the budget run for the dense run's steps, relative to
+  the target ("-" without such a budget; with --target-dense, against that other run's loss, not the
+  same-schedule gap). With sigma = 100 x the slope, k is about (1 + g)^(1 / sigma) (docs/design.md).
 
     python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
         --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555

@@ -537,27 +537,43 @@ def test_packages_corpus_is_deterministic_deduplicated_and_split_by_file(tmp_pat
         Corpus.load(tmp_path, source="web")
 
 
-def test_site_corpus_takes_every_site_packages_folder_but_caches_and_metadata(tmp_path):
-    """The "site" corpus: the standard library, then each folder under site-packages by name (not
-    __pycache__, *.dist-info, *.egg-info, *.data, nor loose files), built and split as "packages" is."""
-    from bench.data import package_files, site_roots
+def test_site_corpus_takes_every_site_packages_folder_but_caches_metadata_links_and_vendored_copies(tmp_path):
+    """The "site" corpus: the standard library, then each folder under the site-packages folders by name,
+    the first of a name kept (not __pycache__, *.dist-info, *.egg-info, *.data, links, nor loose files);
+    less vendored copies and files over MAX_SITE_FILE; built and split as "packages" is, keyed also by the
+    installed distributions."""
+    from bench.data import MAX_SITE_FILE, package_files, site_files, site_roots
 
-    site = tmp_path / "site-packages"
+    site, plat = tmp_path / "site-packages", tmp_path / "plat"
     _tree(site, {"zeta/z.py": "z = 1\n", "alpha/a.py": "a = 1\n", "alpha/sub/b.py": "b = 2\n", "loose.py": "no\n"})
     _tree(site, {"__pycache__/c.py": "no\n", "alpha-1.0.dist-info/m.py": "no\n", "old.egg-info/e.py": "no\n"})
-    _tree(site, {"x-1.0.data/d.py": "no\n"})
-    roots = site_roots(site)
-    assert [label for label, _ in roots] == ["stdlib", "alpha", "zeta"]
-    assert roots[1:] == [("alpha", site / "alpha"), ("zeta", site / "zeta")]
+    _tree(site, {"x-1.0.data/d.py": "no\n", "beta/_vendor/six.py": "six\n", "beta/core.py": "c = 3\n"})
+    _tree(site, {"beta/big.py": "#" * (MAX_SITE_FILE + 1)})
+    _tree(plat, {"alpha/other.py": "no: alpha is site's\n", "mid/m.py": "m = 4\n"})
+    (site / "aalink").symlink_to(site, target_is_directory=True)  # a link back into site-packages
+    roots = site_roots([site, plat])
+    assert [label for label, _ in roots] == ["stdlib", "alpha", "beta", "mid", "zeta"]  # sorted, whatever the order
+    assert dict(roots[1:]) == {
+        "alpha": site / "alpha",
+        "beta": site / "beta",
+        "mid": plat / "mid",
+        "zeta": site / "zeta",
+    }
     lib = tmp_path / "lib"
     _tree(lib, {f"m{i}.py": f"y = {i}\n" * (i + 2) for i in range(30)})
     roots = [("stdlib", lib), *roots[1:]]
+    names = [n for n, _ in site_files(roots)]
+    assert "beta/core.py" in names and "beta/_vendor/six.py" not in names and "beta/big.py" not in names
     corpus = Corpus.load(tmp_path / "c", source="site", roots=roots)
-    assert corpus.n_files == 33 and "2 site-packages folders" in corpus.source
+    assert corpus.n_files == 35 and "site-packages (4 folders)" in corpus.source  # 30 + a, b, core, m, z
     assert corpus.source.startswith("Python ") and "stdlib" in corpus.source
-    files = dict(package_files(roots))
+    files = dict(site_files(roots))
     assert len(bytes(corpus.train)) + len(bytes(corpus.val)) == sum(p.stat().st_size for p in files.values())
-    assert list((tmp_path / "c").glob("site-*-train.u8"))  # its own cache, apart from "packages"
+    assert len(files) < len(package_files(roots))
+    assert len(list((tmp_path / "c").glob("site-*-train.u8"))) == 1  # its own cache, apart from "packages"
+    (site / "alpha-1.1.dist-info").mkdir()  # an upgrade that keeps every file's size: a new build, a new key
+    Corpus.load(tmp_path / "c", source="site", roots=roots)
+    assert len(list((tmp_path / "c").glob("site-*-train.u8"))) == 2
 
 
 def test_packages_corpus_of_this_machine(tmp_path):
