@@ -139,9 +139,8 @@ class Corpus:
             about = f"Python {sys.version.split()[0]} stdlib + site-packages ({folders} folders)"
             # the installed distributions' names carry their versions: an upgrade that keeps every file's
             # size still changes the key (the folders' versions are not asked: importing each is slow, can fail)
-            installed = sorted(
-                {p.name for _, r in roots[1:] for p in r.parent.iterdir() if p.name.endswith(".dist-info")}
-            )
+            sites = {r.parent for _, r in roots[1:]}  # each site-packages folder listed once
+            installed = sorted({p.name for site in sites for p in site.iterdir() if p.name.endswith(".dist-info")})
             return cls._load_files(
                 Path(cache_dir or default_cache_dir()), "site", files, about, about + "".join(installed)
             )

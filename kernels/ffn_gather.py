@@ -131,6 +131,7 @@ def sqrelu_ffn_backward_gather(
     With ``chunk`` >= 16 (exact weight gradients only), B2 and B4 run block-sparse on H~ = round(r_c^2)
     (written by B1's epilogue) and dZ_c."""
     _check_chunk(v, m, chunk, dense, weight_grad)
+    db2 = (dy if db2_rows is None else db2_rows).sum(0)
     if chunk > 1:  # B1 also writes its row tiles' column sums (db1's first step) and H~ = R~^2 for B2
         h_c = torch.empty_like(r_c, memory_format=torch.contiguous_format)
         w2t = w2t_for_gather(w2, chunk)
@@ -142,7 +143,7 @@ def sqrelu_ffn_backward_gather(
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v, chunk=chunk)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
-        return dx, dw1, db1, dw2, (dy if db2_rows is None else db2_rows).sum(0)
+        return dx, dw1, db1, dw2, db2
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:
@@ -164,7 +165,7 @@ def sqrelu_ffn_backward_gather(
         del h
     dx = dz @ w1 if "B3" in dense else gather_k_mm(dz_c, ids, w1.contiguous(), v)
     del dz
-    return dx, dw1, vnm_colsum(dz_c, ids, v, m), dw2, (dy if db2_rows is None else db2_rows).sum(0)
+    return dx, dw1, vnm_colsum(dz_c, ids, v, m), dw2, db2
 
 
 def _check_chunk(
