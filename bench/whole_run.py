@@ -46,6 +46,9 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   g, the gap at equal steps: the final loss of the budget run for the dense run's steps, relative to
   the target ("-" without such a budget; with --target-dense, against that other run's loss, not the
   same-schedule gap). With sigma = 100 x the slope, k is about (1 + g)^(1 / sigma) (docs/design.md).
+  Per projected size, that model's largest g at which the recipe still pays (1x) and at which it
+  gives 1.3x, at this slope (bench.whole_run.gap_that_pays): a longer run has a flatter loss, a
+  smaller sigma, and asks a smaller g; "-" without a slope.
 
     python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
         --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555
@@ -229,6 +232,21 @@ def projected_speedup(sparse_frac: float, step_speedup: float, steps_ratio: floa
     if not 0.0 <= sparse_frac <= 1.0 or step_speedup <= 0 or steps_ratio <= 0:
         raise ValueError(f"projected_speedup: f={sparse_frac} (0..1), s={step_speedup} (> 0), k={steps_ratio} (> 0)")
     return 1.0 / (steps_ratio * (1.0 - sparse_frac + sparse_frac / step_speedup))
+
+
+def gap_that_pays(sparse_frac: float, step_speedup: float, sigma: float, speedup: float = 1.0) -> float:
+    """The largest gap at equal steps g for which a run with a fraction f of its steps sparse, each s times
+    as fast, still ends ``speedup`` times sooner at the dense loss, in the model k = (1 + g)^(1 / sigma)
+    (docs/design.md; sigma: the loss's relative fall per unit of ln(steps)): k may be at most
+    1 / (speedup (1 - f + f / s)), so g = that k ** sigma - 1 (negative: only a recipe that ends below
+    dense at equal steps gets there)."""
+    if not 0.0 <= sparse_frac <= 1.0 or step_speedup <= 0 or sigma <= 0 or speedup <= 0:
+        raise ValueError(
+            f"gap_that_pays: f={sparse_frac} (0..1), s={step_speedup} (> 0), sigma={sigma} (> 0), "
+            f"speedup={speedup} (> 0)"
+        )
+    k = 1.0 / (speedup * (1.0 - sparse_frac + sparse_frac / step_speedup))
+    return k**sigma - 1.0
 
 
 _MODEL = re.compile(r"^model (\S+) \(", re.M)
@@ -426,6 +444,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 bound = ">=" if iso.bound == ">=" else ""
                 cell = f"{bound}{projected_speedup(budgets[0].sparse_frac, s, iso.steps_ratio):.2f}x"
             row[f"projection {size} (s={s})"] = cell
+            if iso.slope is not None and iso.slope > 0:  # the model's g, at this run's own slope
+                f, sigma = budgets[0].sparse_frac, 100.0 * iso.slope
+                cell = f"{gap_that_pays(f, s, sigma):+.2%}, {gap_that_pays(f, s, sigma, 1.3):+.2%}"
+            else:
+                cell = "-"
+            row[f"g that pays / gives 1.3x, {size} (model)"] = cell
         if args.paired:
             row["target"] = f"{target:.4f} ({Path(args.dense[i]).parent.name or args.dense[i]})"
         rows.append(row)

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from bench.whole_run import iso_quality, length_of, main, projected_speedup, read_run
+from bench.whole_run import gap_that_pays, iso_quality, length_of, main, projected_speedup, read_run
 
 FIELDS = ["run", "step", "segment", "phase", "lr", "loss", "val_loss", "tokens_per_s"]
 REFITS = ["recluster_probe_s", "recluster_fit_s"]
@@ -91,6 +91,21 @@ def test_projection_formula():
         projected_speedup(1.5, 1.4)
 
 
+def test_gap_that_pays_inverts_the_length_model():
+    # all sparse at s = 2 with sigma 0.5: k up to 2 pays, and (1 + g)^(1 / 0.5) = 2 at g = sqrt(2) - 1
+    assert gap_that_pays(1.0, 2.0, 0.5) == pytest.approx(2**0.5 - 1)
+    for f, s, sigma, target in ((0.8, 1.475, 0.15, 1.0), (0.8, 1.475, 0.15, 1.3), (0.5, 1.3, 0.3, 1.05)):
+        g = gap_that_pays(f, s, sigma, target)
+        k = (1 + g) ** (1 / sigma)  # the model's steps to the dense loss at that gap
+        assert projected_speedup(f, s, k) == pytest.approx(target)
+    # a flatter loss (smaller sigma) asks a smaller gap; more speedup asks less still
+    assert gap_that_pays(0.8, 1.475, 0.075) < gap_that_pays(0.8, 1.475, 0.15) < gap_that_pays(0.8, 1.475, 0.3)
+    assert gap_that_pays(0.8, 1.475, 0.15, 1.3) < gap_that_pays(0.8, 1.475, 0.15)
+    assert gap_that_pays(0.8, 1.2, 0.15, 1.3) < 0  # 1.3x beyond s e for any e <= 1: only a negative gap
+    with pytest.raises(ValueError, match="sigma=0"):
+        gap_that_pays(0.8, 1.475, 0.0)
+
+
 def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     d = _log(tmp_path / "d.csv", {"dense": [(50, "dense", 1000, ""), (100, "dense", 1000, 2.0)]})
     s1 = [(10, "dense", 1000, ""), (90, "sparse", 2000, ""), (100, "dense", 1000, 2.1)]
@@ -106,6 +121,9 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
     assert rows[0]["loss fall per 1% more steps"] == f"{0.15 / 2.0 / 20:.2%}"
     assert rows[0]["gap at equal steps (g)"] == "+5.00%"  # the 100-step budget, 2.1 against 2.0
+    sigma = 100 * 0.15 / 2.0 / 20  # the slope's sigma: 1 / (0.2 + 0.8 / 1.5) = 1.364 steps pay, 1.049 give 1.3x
+    paying = f"{(1 / (0.2 + 0.8 / 1.5)) ** sigma - 1:+.2%}, {(1 / (1.3 * (0.2 + 0.8 / 1.5))) ** sigma - 1:+.2%}"
+    assert rows[0]["g that pays / gives 1.3x, 1.3b (model)"] == paying
     # 1.133 x 100 steps, 80% sparse, reach what 100 dense steps reach: 20 + 80 e = 100 / 1.133
     assert rows[0]["a sparse step's worth (e)"] == f"={(100 / (100 + 2 / 3 * 20) - 0.2) / 0.8:.3f}"
     assert "target: dense final val 2.0000" in capsys.readouterr().out
@@ -113,8 +131,9 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert never[0]["steps to the target (k)"] == ">1.000"
     assert never[0]["a sparse step's worth (e)"] == "<1.000"  # k > 1: a sparse step worth less than a dense one
     # reached at the smallest budget (120 steps, 1.95 < 2.0): k at most 1.2, e at least its reading
-    (early,) = main(["--dense", d, "--recipe", f"r={s2}", "--tokens-per-step", "1000"])
+    (early,) = main(["--dense", d, "--recipe", f"r={s2}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert early["gap at equal steps (g)"] == "-"  # no budget of the dense run's 100 steps
+    assert early["g that pays / gives 1.3x, 1.3b (model)"] == "-"  # one budget: no slope
     assert early["steps to the target (k)"] == "<=1.200"
     assert early["a sparse step's worth (e)"] == f">={(1 / 1.2 - 0.2) / 0.8:.3f}"
     assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
