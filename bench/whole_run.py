@@ -45,10 +45,11 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   equal steps over it: a run nearer convergence (a flatter loss) pays more steps for the same gap.
   g, the gap at equal steps: the final loss of the budget run for the dense run's steps, relative to
   the target ("-" without such a budget; with --target-dense, against that other run's loss, not the
-  same-schedule gap). With sigma = 100 x the slope, k is about (1 + g)^(1 / sigma) (docs/design.md).
-  Per projected size, that model's largest g at which the recipe still pays (1x) and at which it
-  gives 1.3x, at this slope (bench.whole_run.gap_that_pays): a longer run has a flatter loss, a
-  smaller sigma, and asks a smaller g; "-" without a slope.
+  same-schedule gap). With sigma the same chord's fall per unit of ln(steps) (about 100 x the slope
+  for budgets close together), k is about (1 + g)^(1 / sigma) (docs/design.md). Per projected size,
+  that model's largest g at which the recipe still pays (1x) and at which it gives 1.3x, at this
+  sigma (bench.whole_run.gap_that_pays): a longer run has a flatter loss, a smaller sigma, and asks
+  a smaller g; "-" without a chord, or where the loss did not fall along it.
 
     python -m bench.whole_run --dense runs/d0/log.csv runs/d1/log.csv \\
         --recipe default=runs/s2400/log.csv,runs/s2800/log.csv --step-speedup 1.3b=1.472 2.7b=1.555
@@ -189,11 +190,17 @@ class IsoQuality:
     gap: float  # the largest budget's final loss vs the target, relative (> 0: above)
     slope: float | None = None  # fall of the final loss / target per 1% more steps (module docstring)
     upper: float | None = None  # not reached: dense wall / the largest budget's wall, above the speedup
+    sigma: float | None = None  # the same chord's fall of the final loss / target per unit of ln(steps)
 
 
 def _slope(a: Run, b: Run, target: float) -> float:
     """(a's final loss - b's) / target per 1% more steps from budget a to the larger budget b."""
     return (a.final_val - b.final_val) / target / (100.0 * (b.steps / a.steps - 1.0))
+
+
+def _sigma(a: Run, b: Run, target: float) -> float:
+    """(a's final loss - b's) / target per unit of ln(steps) from budget a to the larger budget b."""
+    return (a.final_val - b.final_val) / target / math.log(b.steps / a.steps)
 
 
 def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: list[Run]) -> IsoQuality:
@@ -203,17 +210,21 @@ def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: lis
     if len({r.steps for r in runs}) != len(runs):
         raise ValueError(f"iso_quality: budgets of {[r.steps for r in runs]} steps: expected one run per budget")
     gap = runs[-1].final_val / target - 1
+    chord = {}  # slope and sigma between the two budgets that bracket the target, else the two nearest it
     if runs[0].final_val <= target:
-        slope = _slope(runs[0], runs[1], target) if len(runs) > 1 else None
-        return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap, slope)
+        if len(runs) > 1:
+            chord = {"slope": _slope(runs[0], runs[1], target), "sigma": _sigma(runs[0], runs[1], target)}
+        return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap, **chord)
     for a, b in zip(runs, runs[1:], strict=False):
         if b.final_val <= target < a.final_val:
             w = (a.final_val - target) / (a.final_val - b.final_val)
             wall = a.wall_s + w * (b.wall_s - a.wall_s)
             steps = a.steps + w * (b.steps - a.steps)
-            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap, _slope(a, b, target))
-    slope = _slope(runs[-2], runs[-1], target) if len(runs) > 1 else None
-    return IsoQuality(None, "", None, gap, slope, dense_wall / runs[-1].wall_s)
+            chord = {"slope": _slope(a, b, target), "sigma": _sigma(a, b, target)}
+            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap, **chord)
+    if len(runs) > 1:
+        chord = {"slope": _slope(runs[-2], runs[-1], target), "sigma": _sigma(runs[-2], runs[-1], target)}
+    return IsoQuality(None, "", None, gap, upper=dense_wall / runs[-1].wall_s, **chord)
 
 
 def sparse_step_worth(sparse_frac: float, steps_ratio: float) -> float:
@@ -444,8 +455,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 bound = ">=" if iso.bound == ">=" else ""
                 cell = f"{bound}{projected_speedup(budgets[0].sparse_frac, s, iso.steps_ratio):.2f}x"
             row[f"projection {size} (s={s})"] = cell
-            if iso.slope is not None and iso.slope > 0:  # the model's g, at this run's own slope
-                f, sigma = budgets[0].sparse_frac, 100.0 * iso.slope
+            if iso.sigma is not None and iso.sigma > 0:  # the model's g, at this run's own chord
+                f, sigma = budgets[0].sparse_frac, iso.sigma
                 cell = f"{gap_that_pays(f, s, sigma):+.2%}, {gap_that_pays(f, s, sigma, 1.3):+.2%}"
             else:
                 cell = "-"

@@ -1,6 +1,7 @@
 """bench.whole_run: wall time from a log, iso-quality interpolation, the projection formula."""
 
 import csv
+import math
 
 import pytest
 
@@ -64,6 +65,11 @@ def test_slope_is_the_loss_fall_per_percent_of_steps_around_the_target():
     assert iso_quality(80.0, 100, 1.5, budgets).slope == pytest.approx(0.2 / 1.5 / (100 * (140 / 120 - 1)))
     assert iso_quality(80.0, 100, 2.5, budgets).slope == pytest.approx(0.3 / 2.5 / 20)
     assert iso_quality(80.0, 100, 2.5, budgets[:1]).slope is None
+    # sigma: the same chords per unit of ln(steps)
+    assert iso_quality(80.0, 100, 2.0, budgets).sigma == pytest.approx(0.3 / 2.0 / math.log(1.2))
+    assert iso_quality(80.0, 100, 1.5, budgets).sigma == pytest.approx(0.2 / 1.5 / math.log(140 / 120))
+    assert iso_quality(80.0, 100, 2.5, budgets).sigma == pytest.approx(0.3 / 2.5 / math.log(1.2))
+    assert iso_quality(80.0, 100, 2.5, budgets[:1]).sigma is None
     with pytest.raises(ValueError, match="one run per budget"):
         iso_quality(80.0, 100, 2.0, [*budgets, Run(100, 51.0, 2.1, 0.8)])
 
@@ -104,6 +110,10 @@ def test_gap_that_pays_inverts_the_length_model():
     assert gap_that_pays(0.8, 1.2, 0.15, 1.3) < 0  # 1.3x beyond s e for any e <= 1: only a negative gap
     with pytest.raises(ValueError, match="sigma=0"):
         gap_that_pays(0.8, 1.475, 0.0)
+    with pytest.raises(ValueError, match=r"f=1.5 \(0..1\)"):
+        gap_that_pays(1.5, 1.475, 0.15)
+    with pytest.raises(ValueError, match=r"speedup=0 \(> 0\)"):
+        gap_that_pays(0.8, 1.475, 0.15, 0)
 
 
 def test_main_prints_one_row_per_recipe(tmp_path, capsys):
@@ -121,7 +131,7 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert rows[0]["steps to the target (k)"] == f"={(100 + 2 / 3 * 20) / 100:.3f}"
     assert rows[0]["loss fall per 1% more steps"] == f"{0.15 / 2.0 / 20:.2%}"
     assert rows[0]["gap at equal steps (g)"] == "+5.00%"  # the 100-step budget, 2.1 against 2.0
-    sigma = 100 * 0.15 / 2.0 / 20  # the slope's sigma: 1 / (0.2 + 0.8 / 1.5) = 1.364 steps pay, 1.049 give 1.3x
+    sigma = 0.15 / 2.0 / math.log(1.2)  # the chord's: 1 / (0.2 + 0.8 / 1.5) = 1.364 steps pay, 1.049 give 1.3x
     paying = f"{(1 / (0.2 + 0.8 / 1.5)) ** sigma - 1:+.2%}, {(1 / (1.3 * (0.2 + 0.8 / 1.5))) ** sigma - 1:+.2%}"
     assert rows[0]["g that pays / gives 1.3x, 1.3b (model)"] == paying
     # 1.133 x 100 steps, 80% sparse, reach what 100 dense steps reach: 20 + 80 e = 100 / 1.133
@@ -134,6 +144,10 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     (early,) = main(["--dense", d, "--recipe", f"r={s2}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
     assert early["gap at equal steps (g)"] == "-"  # no budget of the dense run's 100 steps
     assert early["g that pays / gives 1.3x, 1.3b (model)"] == "-"  # one budget: no slope
+    s3 = [(12, "dense", 1000, ""), (108, "sparse", 2000, ""), (120, "dense", 1000, 2.2)]  # ends worse with more steps
+    s3 = _log(tmp_path / "s3.csv", {"sparse": s3})
+    (rising,) = main(["--dense", d, "--recipe", f"r={s1},{s3}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
+    assert rising["g that pays / gives 1.3x, 1.3b (model)"] == "-"  # the loss did not fall along the chord
     assert early["steps to the target (k)"] == "<=1.200"
     assert early["a sparse step's worth (e)"] == f">={(1 / 1.2 - 0.2) / 0.8:.3f}"
     assert never[0]["projection 1.3b (s=1.5)"] == f"<{projected_speedup(0.8, 1.5, 1.0):.2f}x"  # k > 1: below k = 1's
