@@ -41,7 +41,7 @@ from sparse_compile.clustering import kept_mass, static_share
 from sparse_compile.config import DEFAULT_PRESET, PRESETS, BackendOptions, SparsityConfig, options_from_text
 from sparse_compile.kernels import transposable_24_mask
 from sparse_compile.ops import routes
-from sparse_compile.passes.legality import fitted_chunk
+from sparse_compile.passes.legality import fitted_chunk, fitted_units
 from sparse_compile.passes.size_rule import small_ffn_bound
 from sparse_compile.phase import FINAL_DENSE_FRAC, LR_DECAY_FRAC, WARMUP_FRAC
 from sparse_compile.report import Report, run_line
@@ -366,6 +366,7 @@ class Health:
     def __init__(
         self, model: GPT, pattern: tuple[int, int, int] | None, sharded: bool = False, chunk: int = 1,
         causal: bool = False, score: int | None = None, routed: bool = False, extra: int = 0,
+        units: int | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.routed = routed  # kept mass as each site's router routes (ops/routes.py)
@@ -374,6 +375,7 @@ class Health:
         self.causal = causal
         self.score = score  # causal: rows of the previous block that score a block (None: V)
         self.extra = extra  # each token's own largest units outside the block's choice (token_extra)
+        self.units = units  # per-token chunks ranked on each chunk's first units (score_units; None: all)
         self.sharded = sharded  # FSDP2: weights are shards; gather them (every rank probes)
         self.previous: list[torch.Tensor] | None = None
 
@@ -417,8 +419,9 @@ class Health:
             chunk = fitted_chunk(flat[0].shape[1], m, self.chunk)  # the chunk the sites run with (fit_chunk)
             if fits and all(f.shape[0] % v == 0 and f.shape[1] % (m * chunk) == 0 for f in flat):
                 site_perms = [perms.get(f"blocks.{i}.mlp") for i in range(len(flat))]
-                kept = kept_mass(flat, self.pattern, chunk, site_perms, seq, self.score, self.extra)
-                static = static_share(flat, self.pattern, chunk, site_perms, seq, score=self.score)
+                units = fitted_units(self.units, self.chunk, chunk)
+                kept = kept_mass(flat, self.pattern, chunk, site_perms, seq, self.score, self.extra, units)
+                static = static_share(flat, self.pattern, chunk, site_perms, seq, score=self.score, units=units)
         flips = math.nan
         weights = [w for b in self.model.blocks for w in (b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
         masks = [transposable_24_mask(distributed.full(w) if self.sharded else w) for w in weights]
@@ -526,6 +529,7 @@ def train_one(
     health = Health(
         model, args.config.activation_pattern, d.world > 1 and d.mode == "fsdp", args.config.chunk,
         args.config.causal, args.config.score_rows, args.config.routes is not None, args.config.token_extra,
+        args.config.score_units,
     )  # fmt: skip
     result = RunResult(name)
     if gpu:

@@ -22,6 +22,10 @@ The in-row choice is per token, causal either way. Without ``seq`` a block's col
 are chosen from all V of its tokens, later ones included: token t's kept columns then carry
 information about tokens t+1 .. of its block, which a causal LM can learn to read.
 
+Scoring units (``score_units`` r < c): a chunk is ranked by the L1 norm of its first r units only
+(over the same tokens), not of all c: with V = 1 (each token its own chunks) the choice then needs
+Z on h r / c columns per token, a router from the token's own input, before the kept chunks' Z.
+
 Ties, both steps: the lower column (chunk) index wins (the order of a stable descending sort).
 Kept column ids are stored ascending. Column choice takes the first 4 of a stable descending sort
 of the [T/V, F/(M c), M] norm tensor; the in-row choice is N rounds of argmax (first maximum).
@@ -31,8 +35,19 @@ import torch
 
 
 def _check(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
+    h: torch.Tensor,
+    v: int,
+    n: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score_rows: int | None = None,
+    score_units: int | None = None,
 ) -> None:
+    if score_units is not None and (
+        isinstance(score_units, bool) or not isinstance(score_units, int) or not 1 <= score_units <= c
+    ):
+        raise ValueError(f"vnm: score_units={score_units!r}: needs an int in [1, c] (c={c} units per chunk)")
     if seq is not None and (seq < v or seq % v or h.shape[0] % seq):
         raise ValueError(
             f"vnm: causal pattern with sequences of {seq} tokens: needs a multiple of V={v} that divides T={h.shape[0]}"
@@ -66,13 +81,20 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def block_scores(
-    h: torch.Tensor, v: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
+    h: torch.Tensor,
+    v: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score_rows: int | None = None,
+    score_units: int | None = None,
 ) -> torch.Tensor:
     """The float32 L1 norm [T/V, F/(M c), M] each block ranks its chunks by: over its own V tokens,
     or (causal, ``seq``) over the previous block of its sequence (its last ``score_rows`` rows when
-    given) / its first token's row."""
+    given) / its first token's row; over each chunk's first ``score_units`` units when given, else
+    all c."""
     t, f = h.shape
-    blocks = h.reshape(t // v, v, f // (m * c), m, c)
+    blocks = h.reshape(t // v, v, f // (m * c), m, c)[..., : score_units or c]
     if seq is None:
         return blocks.sum(dim=(1, 4), dtype=torch.float32)
     own = blocks[:, v - (score_rows or v) :].sum(dim=(1, 4), dtype=torch.float32)
@@ -83,14 +105,21 @@ def block_scores(
 
 
 def _vnm(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
+    h: torch.Tensor,
+    v: int,
+    n: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score_rows: int | None = None,
+    score_units: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [T/V, F/(M c), M]: the 4 chunks of largest float32 L1 norm per V x M-chunk block
     (block_scores), keep [T/V, V, F/(M c), M, c]: the V:N:M mask)."""
-    _check(h, v, n, m, c, seq, score_rows)
+    _check(h, v, n, m, c, seq, score_rows, score_units)
     t, f = h.shape
     blocks = h.reshape(t // v, v, f // (m * c), m, c)
-    chosen = top_k_mask(block_scores(h, v, m, c, seq, score_rows), 4)
+    chosen = top_k_mask(block_scores(h, v, m, c, seq, score_rows, score_units), 4)
     if n == 4:
         return chosen, chosen[:, None, :, :, None].expand(blocks.shape)
     # N rounds of argmax over the M chunks at each row and offset, unchosen chunks at -inf: argmax
@@ -105,12 +134,19 @@ def _vnm(
 
 
 def vnm_mask(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
+    h: torch.Tensor,
+    v: int,
+    n: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score_rows: int | None = None,
+    score_units: int | None = None,
 ) -> torch.Tensor:
     """Boolean mask [T, F] of the V:N:M pattern of ``h`` with c-unit chunks, causal over sequences of
-    ``seq`` tokens when given, scored on the last ``score_rows`` rows of the previous block when given
-    (see module docstring)."""
-    return _vnm(h, v, n, m, c, seq, score_rows)[1].reshape(h.shape)
+    ``seq`` tokens when given, scored on the last ``score_rows`` rows of the previous block and on
+    each chunk's first ``score_units`` units when given (see module docstring)."""
+    return _vnm(h, v, n, m, c, seq, score_rows, score_units)[1].reshape(h.shape)
 
 
 def with_token_extra(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tensor:
@@ -124,7 +160,14 @@ def with_token_extra(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tenso
 
 
 def vnm_select(
-    h: torch.Tensor, v: int, n: int, m: int, c: int = 1, seq: int | None = None, score_rows: int | None = None
+    h: torch.Tensor,
+    v: int,
+    n: int,
+    m: int,
+    c: int = 1,
+    seq: int | None = None,
+    score_rows: int | None = None,
+    score_units: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept chunks and in-row choice of the V:N:M pattern of ``h`` [T, F] (the compact form).
 
@@ -132,7 +175,7 @@ def vnm_select(
     ascending; and ``keep`` bool [T, F/(M c), 4 c]: which of those 4 each row keeps at each
     offset o (entry j c + o for chunk j; N per row and offset).
     """
-    chosen, mask = _vnm(h, v, n, m, c, seq, score_rows)
+    chosen, mask = _vnm(h, v, n, m, c, seq, score_rows, score_units)
     t, f = h.shape
     g = f // (m * c)
     ids = torch.arange(m, device=h.device).expand_as(chosen)

@@ -28,15 +28,17 @@ def sqrelu_ffn_forward_ref(
     seq: int | None = None,
     score_rows: int | None = None,
     token_extra: int = 0,
+    score_units: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H), kept
     in chunks of ``chunk`` hidden units, causal over sequences of ``seq`` tokens when given (scored
     on the last ``score_rows`` rows of the previous block when given), and each token's own
-    ``token_extra`` largest units outside that kept as well (activation_mask.with_token_extra)."""
+    ``token_extra`` largest units outside that kept as well (activation_mask.with_token_extra); chunks
+    ranked on their first ``score_units`` units when given."""
     r = torch.relu(F.linear(x, w1, b1))
     h = r * r
     if pattern is not None:
-        keep = with_token_extra(h, vnm_mask(h, *pattern, chunk, seq, score_rows), token_extra)
+        keep = with_token_extra(h, vnm_mask(h, *pattern, chunk, seq, score_rows, score_units), token_extra)
         r = r * keep
         h = h * keep
     return F.linear(h, w2, b2), r

@@ -166,9 +166,16 @@ def fitted_chunk(h: Any, m: int, chunk: int, known: Callable[[Any], bool] = bool
     return fit if fit >= MIN_FALLBACK_CHUNK else chunk
 
 
+def fitted_units(units: int | None, chunk: int, fit: int) -> int | None:
+    """SparsityConfig.score_units for a site whose chunk ``chunk`` became ``fit`` (fitted_chunk): the same
+    share of each chunk's units, at least 1 (None stays None: every unit scores)."""
+    return units if units is None or fit == chunk else max(1, units * fit // chunk)
+
+
 def fit_chunk(match: FFNMatch, config: SparsityConfig) -> tuple[SparsityConfig, str]:
     """The config a site runs with, and a note: ``config`` itself, or where its hidden size h is not a
-    multiple of M * chunk, the same config with the smaller chunk of ``fitted_chunk``."""
+    multiple of M * chunk, the same config with the smaller chunk of ``fitted_chunk`` (and score_units
+    scaled with it: fitted_units)."""
     pattern, w1 = config.activation_pattern, example_value(match.w1)
     if pattern is None or w1 is None or w1.dim() != 2:
         return config, ""
@@ -177,7 +184,10 @@ def fit_chunk(match: FFNMatch, config: SparsityConfig) -> tuple[SparsityConfig, 
     if fit == c:
         return config, ""
     note = f"chunks of {fit}, not {c}: hidden {h} is not divisible by M * {c} = {m * c}"
-    return dataclasses.replace(config, chunk=fit), note
+    units = fitted_units(config.score_units, c, fit)
+    if units is not None:
+        note += f"; each chunk ranked on its first {units} units, not {config.score_units}"
+    return dataclasses.replace(config, chunk=fit, score_units=units), note
 
 
 def site_note(match: FFNMatch, config: SparsityConfig) -> str:

@@ -48,15 +48,16 @@ def kept_mass(
     seq: int | None = None,
     score: int | None = None,
     extra: int = 0,
+    units: int | None = None,
 ) -> float:
     """The fraction of sum H that the V:N:M ``pattern`` (chunks of ``c``, causal over sequences of
-    ``seq`` tokens when given, scored on the previous block's last ``score`` rows when given, each
-    token's own ``extra`` largest units outside it added) keeps, pooled over the layers' H [T, F] in
-    ``hs``; each taken as ``h[:, perms[i]]`` where a permutation is given (the units in the order the
-    op runs them)."""
+    ``seq`` tokens when given, scored on the previous block's last ``score`` rows and each chunk's first
+    ``units`` units when given, each token's own ``extra`` largest units outside it added) keeps, pooled
+    over the layers' H [T, F] in ``hs``; each taken as ``h[:, perms[i]]`` where a permutation is given
+    (the units in the order the op runs them)."""
     kept = total = 0.0
     for f in _in_op_order(hs, perms):
-        kept += (f * with_token_extra(f, vnm_mask(f, *pattern, c, seq, score), extra)).sum().item()
+        kept += (f * with_token_extra(f, vnm_mask(f, *pattern, c, seq, score, units), extra)).sum().item()
         total += f.sum().item()
     return kept / total
 
@@ -69,6 +70,7 @@ def static_share(
     seq: int | None = None,
     most: float = 0.9,
     score: int | None = None,
+    units: int | None = None,
 ) -> float:
     """How static the V:N:M ``pattern``'s choice of chunks is on the layers' H [T, F] in ``hs``
     (arguments as kept_mass): the fraction of the kept (block, chunk) pairs whose chunk at least
@@ -78,7 +80,7 @@ def static_share(
     v, n, m = pattern
     static = total = 0
     for f in _in_op_order(hs, perms):
-        cols = vnm_select(f, v, n, m, c, seq, score)[0]  # [T/V, groups, 4]: kept chunk ids in each group
+        cols = vnm_select(f, v, n, m, c, seq, score, units)[0]  # [T/V, groups, 4]: kept chunk ids in each group
         blocks, groups = cols.shape[:2]
         ids = cols.permute(1, 0, 2).reshape(groups, -1)  # [groups, T/V * 4]
         ones = torch.ones_like(ids, dtype=torch.float32)

@@ -58,6 +58,8 @@ def gemm_patterns(config: SparsityConfig, activations: bool = True) -> dict[str,
         a += f" s{config.score_rows}"  # ... on the last score_rows tokens of the previous block
     if a and config.token_extra:
         a += f" +{config.token_extra}/token"  # and each token's own largest units outside the block's choice
+    if a and config.score_units is not None:
+        a += f" u{config.score_units}"  # each chunk ranked on its first score_units units
 
     def both(*parts: str) -> str:
         return "+".join(p for p in parts if p) or "dense"
@@ -213,6 +215,7 @@ class Report:
             + (f", score_rows={c.score_rows}" if c.score_rows is not None else "")
             + (", permute" if c.permute else "")
             + (f", token_extra={c.token_extra}" if c.token_extra else "")
+            + (f", score_units={c.score_units}" if c.score_units is not None else "")
             + (f", routes={c.routes}, router={c.router}" if c.routes is not None else "")
             + (f", weight_copies={c.weight_copies}" if c.weight_copies != "keep" else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"

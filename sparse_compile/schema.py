@@ -95,6 +95,7 @@ FIELD_CHECKS = {
     "masked_decay": (lambda v: _is_number(v) and v >= 0.0, "a float >= 0"),
     "weight_copies": (lambda v: v in ("keep", "recompute"), "'keep' or 'recompute'"),
     "token_extra": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (units per token)"),
+    "score_units": (lambda v: v is None or (_is_int(v) and v >= 1), "None or an int >= 1 (units per chunk)"),
     "router": (lambda v: v in ROUTERS, " or ".join(map(repr, ROUTERS))),
 }
 
@@ -157,6 +158,12 @@ class SparsityConfig:
         kernel takes it (the reference runs it): a measure of what a token's own top units are worth
         on top of a shared choice, not a speed option; the size rule (small_ffn) treats its sites as
         the pattern's fast path. Ties go to the lower unit index. 0 (default): none.
+    score_units: None, or r in [1, chunk) with per-token chunks (1:4:M, chunk > 1): each token ranks its
+        chunks by its H on each chunk's first r units (in the op's unit order, so after ``permute``'s
+        clustering), not on all of them: a router from the token's own input that needs Z on h r /
+        chunk columns before the kept chunks' Z (kernels/activation_mask.py). The reference runs it, as
+        it runs every per-token chunk pattern: a measure of what such a router keeps and trains to,
+        not a speed option. None (default): every unit scores its chunk (the token's whole H).
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
@@ -191,6 +198,7 @@ class SparsityConfig:
     weight_copies: str = "keep"
     token_extra: int = 0
     router: str = DEFAULT_ROUTER
+    score_units: int | None = None
 
     def __post_init__(self) -> None:
         for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
@@ -237,6 +245,11 @@ class SparsityConfig:
             raise ValueError(
                 f"SparsityConfig.token_extra={self.token_extra} needs V:N:M activations with V > 1 (a block's choice "
                 f"to add to) and routes=None; got activations={self.activations!r}, routes={self.routes!r}"
+            )
+        if self.score_units is not None and not (no_blocks and 1 < self.chunk and self.score_units < self.chunk):
+            raise ValueError(
+                f"SparsityConfig.score_units={self.score_units} needs per-token chunks (1:4:M activations, chunk > 1) "
+                f"and fewer units than a chunk has; got activations={self.activations!r}, chunk={self.chunk}"
             )
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(

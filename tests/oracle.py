@@ -23,9 +23,27 @@ def token_extra_loop(h: torch.Tensor, keep: torch.Tensor, r: int) -> torch.Tenso
     return out
 
 
+def score_units_loop(h: torch.Tensor, m: int, c: int, r: int) -> torch.Tensor:
+    """Per-token chunks (1:4:M in chunks of c), token by token and group by group: the 4 chunks of each
+    group of M whose first r units hold the most of the token's H (float32 sums, ties to the lower chunk
+    from a stable descending sort), kept whole (the definition of SparsityConfig.score_units)."""
+    t, f = h.shape
+    keep = torch.zeros(t, f, dtype=torch.bool)
+    for i in range(t):
+        for g in range(f // (m * c)):
+            base = g * m * c
+            scores = torch.stack([h[i, base + j * c : base + j * c + r].float().sum() for j in range(m)])
+            for j in torch.sort(scores, descending=True, stable=True).indices[:4].tolist():
+                keep[i, base + j * c : base + (j + 1) * c] = True
+    return keep
+
+
 def oracle_keep(h2: torch.Tensor, config: SparsityConfig, seq: int | None) -> torch.Tensor:
     """The activation mask [T, F] of ``config`` on h2 [T, F]: its V:N:M pattern (causal over ``seq``
-    tokens), then each token's token_extra units (token_extra_loop)."""
+    tokens; per-token chunks ranked on their first score_units units by score_units_loop), then each
+    token's token_extra units (token_extra_loop)."""
+    if config.score_units is not None:
+        return score_units_loop(h2, config.activation_pattern[2], config.chunk, config.score_units)
     keep = vnm_mask(h2, *config.activation_pattern, config.chunk, seq, config.score_rows)
     return token_extra_loop(h2, keep, config.token_extra)
 

@@ -1066,3 +1066,31 @@ def test_health_probe_gives_a_routed_site_its_input_in_the_ops_dtype(monkeypatch
     want = autocast_dtype or torch.float32
     assert [s[0] for s in seen] == ["blocks.0.mlp", "blocks.1.mlp"]
     assert all(dtype == want and xs == (64, 32) and hs == (64, 128) for _, dtype, xs, hs in seen), seen
+
+
+def test_health_probe_counts_the_mass_score_units_keeps():
+    """bench.train's kept mass under score_units: each token's chunks ranked on their first units, the mass
+    of the chunks that choice keeps (score_units_loop) over the whole H, below the whole-H choice's."""
+    import contextlib
+
+    from bench.train import Health
+
+    from .oracle import score_units_loop
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32))  # hidden 128: 1:4:8 in chunks of 16
+    x = torch.randint(0, 256, (2, 32))
+    hs = []
+    hooks = [
+        b.mlp.register_forward_hook(lambda m, i, o: hs.append(torch.relu(m.c_fc(i[0])).square())) for b in model.blocks
+    ]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    flat = [h.reshape(-1, 128).float() for h in hs]
+    want = sum((f * score_units_loop(f, 8, 16, 2)).sum().item() for f in flat) / sum(f.sum().item() for f in flat)
+    some = Health(model, (1, 4, 8), chunk=16, units=2).probe(x, contextlib.nullcontext)["h_kept_frac"]
+    every = Health(model, (1, 4, 8), chunk=16).probe(x, contextlib.nullcontext)["h_kept_frac"]
+    assert some == pytest.approx(want, rel=1e-5)
+    assert some < every

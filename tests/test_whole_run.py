@@ -146,7 +146,8 @@ def test_main_prints_one_row_per_recipe(tmp_path, capsys):
     assert early["g that pays / gives 1.3x, 1.3b (model)"] == "-"  # one budget: no slope
     s3 = [(12, "dense", 1000, ""), (108, "sparse", 2000, ""), (120, "dense", 1000, 2.2)]  # ends worse with more steps
     s3 = _log(tmp_path / "s3.csv", {"sparse": s3})
-    (rising,) = main(["--dense", d, "--recipe", f"r={s1},{s3}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"])
+    args = ["--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"]
+    (rising,) = main(["--dense", d, "--recipe", f"r={s1},{s3}", *args])
     assert rising["g that pays / gives 1.3x, 1.3b (model)"] == "-"  # the loss did not fall along the chord
     assert early["steps to the target (k)"] == "<=1.200"
     assert early["a sparse step's worth (e)"] == f">={(1 / 1.2 - 0.2) / 0.8:.3f}"

@@ -40,7 +40,9 @@ def sqrelu_ffn(
     pattern = activation_pattern_for(op, x2.shape[0])
     seq = causal_seq(op, x) if pattern is not None else None
     w1, b1, w2 = permuted_weights(op, pattern, x2, w1, b1, w2)
-    y, r_masked = sqrelu_ffn_forward_ref(x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score_rows, op.token_extra)
+    y, r_masked = sqrelu_ffn_forward_ref(
+        x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score_rows, op.token_extra, op.score_units
+    )
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
 

@@ -35,6 +35,7 @@ class OpSpec:
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
     router: str = DEFAULT_ROUTER  # routed: how a token's group is chosen (SparsityConfig.router)
     token_extra: int = 0  # each token's own largest units outside the block's choice, kept too (reference)
+    score_units: int | None = None  # per-token chunks: ranked on each chunk's first r units (reference)
 
 
 @functools.cache
@@ -69,6 +70,7 @@ def parse_spec(spec: str) -> OpSpec:
         gather=fields.get("gather") == "1",
         router=router,
         token_extra=int(fields.get("token_extra", 0)),
+        score_units=int(fields["score_units"]) if "score_units" in fields else None,
     )
 
 

@@ -85,6 +85,8 @@ def plan_kernels(
         return _reference(device.type)
     if config.token_extra:
         return _reference(device.type, f"token_extra={config.token_extra}: no fast kernel takes per-token extra units")
+    if config.score_units is not None:
+        return _reference(device.type, f"score_units={config.score_units}: per-token chunks have no fast kernel")
     if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("sparse_compile: kernels='triton' on CPU needs TRITON_INTERPRET=1 (the Triton interpreter)")
     if config.kernels == "auto" and device.type == "cpu":
