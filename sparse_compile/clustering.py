@@ -171,10 +171,15 @@ def group_chunks(profiles: torch.Tensor, m: int) -> torch.Tensor:
     return torch.tensor(members, dtype=torch.long, device=profiles.device)
 
 
-def cluster_units(profiles: torch.Tensor, m: int, c: int = 1, group: bool = True, iters: int = 10) -> torch.Tensor:
+def cluster_units(
+    profiles: torch.Tensor, m: int, c: int = 1, group: bool = True, iters: int = 10, heaviest_first: bool = False
+) -> torch.Tensor:
     """The permutation [F] of hidden units (perm[i] = the unit at position i) from block-mass
     profiles [F, B]: chunks of c co-firing units (c > 1), then groups of M chunks with the least
-    overlap (``group``; else the chunks stay in the order of their first unit)."""
+    overlap (``group``; else the chunks stay in the order of their first unit). Inside a chunk the
+    units stay in the order of their ids, or with ``heaviest_first`` in the order of their total
+    mass, largest first (ties to the lower id): for per-token chunks, where a chunk is kept whole and
+    SparsityConfig.score_units ranks it on its first units, those are then its heaviest."""
     if profiles.dim() != 2:
         raise ValueError(f"cluster_units: expected profiles [F, B], got shape {tuple(profiles.shape)}")
     f = profiles.shape[0]
@@ -183,6 +188,10 @@ def cluster_units(profiles: torch.Tensor, m: int, c: int = 1, group: bool = True
     if c > 1:
         chunks = chunk_units(profiles, c, iters)
         chunks = chunks[torch.argsort(chunks.min(dim=1).values)]
+        if heaviest_first:
+            chunks = chunks.sort(dim=1).values  # ids ascending, so the stable sort below breaks ties to the lower id
+            mass = profiles.float().sum(dim=1)[chunks]
+            chunks = chunks.gather(1, torch.sort(mass, dim=1, descending=True, stable=True).indices)
     else:
         chunks = torch.arange(f, device=profiles.device).reshape(f, 1)
     if group:

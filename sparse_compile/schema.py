@@ -159,11 +159,12 @@ class SparsityConfig:
         on top of a shared choice, not a speed option; the size rule (small_ffn) treats its sites as
         the pattern's fast path. Ties go to the lower unit index. 0 (default): none.
     score_units: None, or r in [1, chunk) with per-token chunks (1:4:M, chunk > 1): each token ranks its
-        chunks by its H on each chunk's first r units (in the op's unit order, so after ``permute``'s
-        clustering), not on all of them: a router from the token's own input that needs Z on h r /
-        chunk columns before the kept chunks' Z (kernels/activation_mask.py). The reference runs it, as
-        it runs every per-token chunk pattern: a measure of what such a router keeps and trains to,
-        not a speed option. None (default): every unit scores its chunk (the token's whole H).
+        chunks by its H on each chunk's first r units (in the op's unit order: with ``permute``, the r
+        heaviest units of each co-firing chunk in the last refit's sample), not on all of them: a
+        router from the token's own input that needs Z on h r / chunk columns before the kept chunks'
+        Z (kernels/activation_mask.py). The reference runs it, as it runs every per-token chunk
+        pattern: a measure of what such a router keeps and trains to, not a speed option. None
+        (default): every unit scores its chunk (the token's whole H).
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).

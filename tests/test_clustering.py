@@ -132,3 +132,18 @@ def test_static_share_tells_a_fixed_choice_from_a_varying_one():
     )
     assert static_share([halves], (64, 2, 16), 8) == 0.0
     assert static_share([halves], (64, 2, 16), 8, most=0.5) == 1.0
+
+
+def test_heaviest_first_orders_each_chunk_by_mass_and_keeps_the_chunks():
+    h, _ = _planted()
+    profiles = block_mass(h, 64)
+    plain = cluster_units(profiles, m=16, c=8).reshape(-1, 8)
+    heavy = cluster_units(profiles, m=16, c=8, heaviest_first=True).reshape(-1, 8)
+    assert torch.equal(plain.sort(dim=1).values, heavy.sort(dim=1).values)  # the same chunks, in the same places
+    assert torch.equal(plain, plain.sort(dim=1).values)  # by default each chunk's units by id
+    mass = profiles.sum(dim=1)
+    for row in heavy.tolist():  # each chunk's units by mass, largest first, ties to the lower id
+        assert row == sorted(row, key=lambda u: (-mass[u].item(), u))
+    ties = torch.ones(256, 4)  # every unit the same mass: ids ascending
+    tied = cluster_units(ties, m=16, c=8, heaviest_first=True).reshape(-1, 8)
+    assert torch.equal(tied, tied.sort(dim=1).values)

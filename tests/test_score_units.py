@@ -111,3 +111,22 @@ def test_a_smaller_fallback_chunk_keeps_the_share_of_scoring_units():
 def test_config_errors_name_the_value(fields, match):
     with pytest.raises(ValueError, match=match):
         SparsityConfig(**fields)
+
+
+def test_recluster_puts_each_per_token_chunks_heaviest_units_first():
+    """With permute, the units score_units reads are each co-firing chunk's heaviest in the refit's sample."""
+    import sparse_compile
+
+    options = {"activations": "1:4:8", "chunk": 4, "permute": True, "score_units": 1}
+    model = _FFN()
+    compiled = torch.compile(model, backend="sparse", options=options)
+    x = torch.randn(64, 32)
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x)
+    assert len(sparse_compile.recluster()) == 1  # the one site, refitted
+    (perm,) = sparse_compile.unit_permutations().values()
+    with torch.no_grad():
+        mass = (torch.relu(model.fc(x)) ** 2).sum(0)  # each unit's mass over the sample (V = 1: per token)
+    for chunk in perm.reshape(-1, 4).tolist():
+        assert chunk == sorted(chunk, key=lambda u: (-mass[u].item(), u))
+    sparse_compile.reset_units()

@@ -159,8 +159,8 @@ def recluster(group: "torch.distributed.ProcessGroup | None" = None) -> list[str
     done = []
     for name, profiles in _recorded(group):
         site = _sites[name]
-        _, _, m = site.pattern
-        perm = cluster_units(profiles, m, site.chunk)
+        v, _, m = site.pattern
+        perm = cluster_units(profiles, m, site.chunk, heaviest_first=v == 1)  # per-token chunks: heaviest first
         broadcast_from_first([perm], group)  # the same fit on the same sums; sent anyway, so ranks never differ
         site.perm = store(site.perm, perm)
         site.profiles.clear()
