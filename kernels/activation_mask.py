@@ -94,7 +94,7 @@ def block_scores(
     given) / its first token's row; over each chunk's first ``score_units`` units when given, else
     all c."""
     t, f = h.shape
-    blocks = h.reshape(t // v, v, f // (m * c), m, c)[..., : score_units or c]
+    blocks = h.reshape(t // v, v, f // (m * c), m, c)[..., : c if score_units is None else score_units]
     if seq is None:
         return blocks.sum(dim=(1, 4), dtype=torch.float32)
     own = blocks[:, v - (score_rows or v) :].sum(dim=(1, 4), dtype=torch.float32)

@@ -168,7 +168,7 @@ def fitted_chunk(h: Any, m: int, chunk: int, known: Callable[[Any], bool] = bool
 
 def fitted_units(units: int | None, chunk: int, fit: int) -> int | None:
     """SparsityConfig.score_units for a site whose chunk ``chunk`` became ``fit`` (fitted_chunk): the same
-    share of each chunk's units, at least 1 (None stays None: every unit scores)."""
+    share of each chunk's units, rounded down, at least 1 (None stays None: every unit scores)."""
     return units if units is None or fit == chunk else max(1, units * fit // chunk)
 
 
@@ -185,8 +185,8 @@ def fit_chunk(match: FFNMatch, config: SparsityConfig) -> tuple[SparsityConfig, 
         return config, ""
     note = f"chunks of {fit}, not {c}: hidden {h} is not divisible by M * {c} = {m * c}"
     units = fitted_units(config.score_units, c, fit)
-    if units is not None:
-        note += f"; each chunk ranked on its first {units} units, not {config.score_units}"
+    if units != config.score_units:
+        note += f"; each chunk ranked on its first {units} unit(s), not {config.score_units}"
     return dataclasses.replace(config, chunk=fit, score_units=units), note
 
 

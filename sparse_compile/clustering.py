@@ -188,13 +188,12 @@ def cluster_units(
     if c > 1:
         chunks = chunk_units(profiles, c, iters)
         chunks = chunks[torch.argsort(chunks.min(dim=1).values)]
-        if heaviest_first:
-            chunks = chunks.sort(dim=1).values  # ids ascending, so the stable sort below breaks ties to the lower id
-            mass = profiles.float().sum(dim=1)[chunks]
-            chunks = chunks.gather(1, torch.sort(mass, dim=1, descending=True, stable=True).indices)
     else:
         chunks = torch.arange(f, device=profiles.device).reshape(f, 1)
     if group:
         chunk_profiles = profiles.float()[chunks].sum(dim=1)
         chunks = chunks[group_chunks(chunk_profiles, m).reshape(-1)]
+    if heaviest_first and c > 1:  # after the grouping, which then reads the same sums as without it
+        mass = profiles.float().sum(dim=1)[chunks]  # chunks' ids ascending: the stable sort ties to the lower id
+        chunks = chunks.gather(1, torch.sort(mass, dim=1, descending=True, stable=True).indices)
     return chunks.reshape(-1)

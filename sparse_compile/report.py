@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from tabulate import tabulate
 
 from sparse_compile.passes import SiteRecord
+from sparse_compile.passes.legality import fitted_units
 from sparse_compile.passes.size_rule import SMALL_REASON, graphs_pay, small_ffn_bound
 from sparse_compile.phase import FINAL_DENSE_FRAC, WARMUP_FRAC
 from sparse_compile.schema import SparsityConfig
@@ -110,7 +111,9 @@ class Report:
     def add(self, graph: int, records: list[SiteRecord]) -> None:
         for r in records:
             if r.sparse:  # a site's chunk may be a fallback smaller than the config's (passes/legality.fit_chunk)
-                site = dataclasses.replace(self.config, chunk=r.chunk or self.config.chunk)
+                chunk = r.chunk or self.config.chunk
+                units = fitted_units(self.config.score_units, self.config.chunk, chunk)
+                site = dataclasses.replace(self.config, chunk=chunk, score_units=units)
                 patterns = gemm_patterns(site, activations=not r.dense_activations)
                 self.sites.append(SiteReport(graph, r, patterns, r.kernel))
             else:

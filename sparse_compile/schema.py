@@ -250,7 +250,7 @@ class SparsityConfig:
         if self.score_units is not None and not (no_blocks and 1 < self.chunk and self.score_units < self.chunk):
             raise ValueError(
                 f"SparsityConfig.score_units={self.score_units} needs per-token chunks (1:4:M activations, chunk > 1) "
-                f"and fewer units than a chunk has; got activations={self.activations!r}, chunk={self.chunk}"
+                f"and an int in [1, chunk - 1]; got activations={self.activations!r}, chunk={self.chunk}"
             )
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(

@@ -1089,8 +1089,21 @@ def test_health_probe_counts_the_mass_score_units_keeps():
     for h in hooks:
         h.remove()
     flat = [h.reshape(-1, 128).float() for h in hs]
-    want = sum((f * score_units_loop(f, 8, 16, 2)).sum().item() for f in flat) / sum(f.sum().item() for f in flat)
-    some = Health(model, (1, 4, 8), chunk=16, units=2).probe(x, contextlib.nullcontext)["h_kept_frac"]
-    every = Health(model, (1, 4, 8), chunk=16).probe(x, contextlib.nullcontext)["h_kept_frac"]
-    assert some == pytest.approx(want, rel=1e-5)
-    assert some < every
+
+    def kept_and_static(c, r):
+        """The loop's mass share, and the share of kept (token, chunk) pairs whose chunk 90% of tokens keep."""
+        keeps = [score_units_loop(f, 8, c, r) for f in flat]
+        mass = sum((f * k).sum().item() for f, k in zip(flat, keeps, strict=True)) / sum(f.sum().item() for f in flat)
+        chunks = [k.reshape(k.shape[0], -1, c)[..., 0] for k in keeps]  # [T, chunks]: kept or not
+        static = sum((k & (k.sum(0) >= 0.9 * k.shape[0])).sum().item() for k in chunks)
+        return mass, static / sum(k.sum().item() for k in chunks)
+
+    some = Health(model, (1, 4, 8), chunk=16, units=2).probe(x, contextlib.nullcontext)
+    every = Health(model, (1, 4, 8), chunk=16).probe(x, contextlib.nullcontext)
+    mass, static = kept_and_static(16, 2)
+    assert some["h_kept_frac"] == pytest.approx(mass, rel=1e-5)
+    assert some["h_static_frac"] == pytest.approx(static)
+    assert some["h_kept_frac"] < every["h_kept_frac"]
+    # chunks of 32 do not fit 8 x 32 | 128: the sites run chunks of 16, ranked on 1 unit of 2 (fitted_units)
+    fallback = Health(model, (1, 4, 8), chunk=32, units=2).probe(x, contextlib.nullcontext)
+    assert fallback["h_kept_frac"] == pytest.approx(kept_and_static(16, 1)[0], rel=1e-5)

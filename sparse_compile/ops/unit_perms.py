@@ -155,7 +155,9 @@ def recluster(group: "torch.distributed.ProcessGroup | None" = None) -> list[str
     (a CUDA site's on its GPU: on the CPU, three training processes sharing 16 cores took about a
     minute per re-clustering); clear the records. Returns the sites. Under torch.distributed, call
     it on every rank of ``group`` (default: all ranks): the fit reads the profiles summed over the
-    ranks, and every rank gets the first rank's permutation."""
+    ranks, and every rank gets the first rank's permutation. A per-token chunk site (V = 1) gets each
+    chunk's units heaviest first (cluster_units heaviest_first: the units SparsityConfig.score_units
+    reads), which leaves its whole-chunk mask as it is."""
     done = []
     for name, profiles in _recorded(group):
         site = _sites[name]
