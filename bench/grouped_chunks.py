@@ -10,7 +10,10 @@ Per FFN with T tokens, d model, h hidden, rows R = T k sorted by chunk (offsets 
             dXp = dZp W1c (R x d); dX = sum of each token's k rows of dXp
 A chunk's GEMM has C columns (F1, dH) or an inner dimension of C (F2, dX): the intensity of a chunk
 GEMM is about C FLOP per byte of its token rows, so small chunks are bound by memory, not FLOPs.
-The routing here is random (each token k distinct chunks), which balances the chunks' row counts.
+The routing here is random (each token k distinct chunks), which balances the chunks' row counts;
+with --score-units r each token's chunks come instead from SparsityConfig.score_units' choice (4 of
+every 16 chunks ranked on the token's H over each chunk's first r units: one more GEMM, T x d x E r,
+and a top-4), timed with the routing and the grouped GEMMs as the call a kernel would make.
 """
 
 import argparse
@@ -91,6 +94,23 @@ def grouped_ffn(
     return y, dx, dw1.reshape(-1, d), dw2.permute(1, 0, 2).reshape(d, -1)
 
 
+def scored_choice(x: torch.Tensor, w1: torch.Tensor, e: int, m: int, r: int) -> torch.Tensor:
+    """Each token's 4 of every ``m`` of the e chunks of W1 [h, d], ranked by its H = relu(X W1^T)^2 summed
+    (float32) over each chunk's first ``r`` units (SparsityConfig.score_units): [T, 4 e / m] chunk ids,
+    F1 on only those E r rows of W1."""
+    t, c = x.shape[0], w1.shape[0] // e
+    rep = (torch.arange(e, device=x.device)[:, None] * c + torch.arange(r, device=x.device)).reshape(-1)
+    scores = torch.relu(x @ w1.index_select(0, rep).t()).square().float().view(t, e // m, m, r).sum(-1)
+    top = torch.topk(scores, 4, dim=-1).indices  # [T, E/m, 4]: ties have measure zero on real activations
+    return (top + m * torch.arange(e // m, device=x.device)[:, None]).reshape(t, -1)
+
+
+def scored_grouped_ffn(x, w1, w2, dy, e: int, m: int, r: int) -> Grads:
+    """scored_choice, routing and grouped_ffn in one call, as an op would run them."""
+    choice = scored_choice(x, w1, e, m, r)
+    return grouped_ffn(x, *chunk_weights(w1, w2, e), dy, *routing(choice, e), choice.shape[1])
+
+
 def random_choice(t: int, e: int, k: int, device: torch.device) -> torch.Tensor:
     """Each token's k distinct chunks of e, uniformly at random (balanced chunk row counts)."""
     return torch.rand(t, e, device=device).topk(k, dim=1).indices
@@ -104,7 +124,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunks", default="32,64,128,256,512")
     p.add_argument("--reps", type=int, default=20, help="median over reps x 10 ms of calls")
     p.add_argument("--profile", action="store_true", help="print each chunk size's CUDA kernels by total time")
+    p.add_argument(
+        "--score-units", type=int, default=None, metavar="R",
+        help="choose each token's 4 of every 16 chunks on its H over each chunk's first R units, timed in the call",
+    )  # fmt: skip
     a = p.parse_args(argv)
+    for c in (int(s) for s in a.chunks.split(",")):
+        if a.score_units is not None and not (a.hidden % (16 * c) == 0 and 1 <= a.score_units < c):
+            p.error(
+                f"--score-units {a.score_units} with chunks of {c}: needs hidden {a.hidden} a multiple of 16 chunks "
+                f"and R in [1, {c - 1}]"
+            )
     start_gpu_bench(p, "python -m bench.grouped_chunks", argv)
     dev, dt = torch.device("cuda"), torch.bfloat16
     t, d, h = a.tokens, a.d, a.hidden
@@ -117,8 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     print("chunk,k,grouped_ms,dense_ms,speedup_vs_dense,max_rel_err")
     for c in (int(s) for s in a.chunks.split(",")):
         e, k = h // c, h // (4 * c)
-        choice = random_choice(t, e, k, dev)
-        run = functools.partial(grouped_ffn, x, *chunk_weights(w1, w2, e), dy, *routing(choice, e), k)
+        if a.score_units is None:
+            choice = random_choice(t, e, k, dev)
+            run = functools.partial(grouped_ffn, x, *chunk_weights(w1, w2, e), dy, *routing(choice, e), k)
+        else:
+            choice = scored_choice(x, w1, e, 16, a.score_units)
+            run = functools.partial(scored_grouped_ffn, x, w1, w2, dy, e, 16, a.score_units)
         ref = masked_ffn(x, w1, w2, dy, choice, e)
         err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(run(), ref, strict=True))
         ms = median_ms(run, dev, a.reps)
