@@ -193,14 +193,11 @@ class IsoQuality:
     sigma: float | None = None  # the same chord's fall of the final loss / target per unit of ln(steps)
 
 
-def _slope(a: Run, b: Run, target: float) -> float:
-    """(a's final loss - b's) / target per 1% more steps from budget a to the larger budget b."""
-    return (a.final_val - b.final_val) / target / (100.0 * (b.steps / a.steps - 1.0))
-
-
-def _sigma(a: Run, b: Run, target: float) -> float:
-    """(a's final loss - b's) / target per unit of ln(steps) from budget a to the larger budget b."""
-    return (a.final_val - b.final_val) / target / math.log(b.steps / a.steps)
+def _chord(a: Run, b: Run, target: float) -> dict[str, float]:
+    """IsoQuality's slope and sigma from budget a to the larger budget b: (a's final loss - b's) / target
+    per 1% more steps, and per unit of ln(steps)."""
+    fall = (a.final_val - b.final_val) / target
+    return {"slope": fall / (100.0 * (b.steps / a.steps - 1.0)), "sigma": fall / math.log(b.steps / a.steps)}
 
 
 def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: list[Run]) -> IsoQuality:
@@ -210,20 +207,17 @@ def iso_quality(dense_wall: float, dense_steps: int, target: float, budgets: lis
     if len({r.steps for r in runs}) != len(runs):
         raise ValueError(f"iso_quality: budgets of {[r.steps for r in runs]} steps: expected one run per budget")
     gap = runs[-1].final_val / target - 1
-    chord = {}  # slope and sigma between the two budgets that bracket the target, else the two nearest it
+    # slope and sigma between the two budgets that bracket the target, else the two nearest it
     if runs[0].final_val <= target:
-        if len(runs) > 1:
-            chord = {"slope": _slope(runs[0], runs[1], target), "sigma": _sigma(runs[0], runs[1], target)}
+        chord = _chord(runs[0], runs[1], target) if len(runs) > 1 else {}
         return IsoQuality(dense_wall / runs[0].wall_s, ">=", runs[0].steps / dense_steps, gap, **chord)
     for a, b in zip(runs, runs[1:], strict=False):
         if b.final_val <= target < a.final_val:
             w = (a.final_val - target) / (a.final_val - b.final_val)
             wall = a.wall_s + w * (b.wall_s - a.wall_s)
             steps = a.steps + w * (b.steps - a.steps)
-            chord = {"slope": _slope(a, b, target), "sigma": _sigma(a, b, target)}
-            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap, **chord)
-    if len(runs) > 1:
-        chord = {"slope": _slope(runs[-2], runs[-1], target), "sigma": _sigma(runs[-2], runs[-1], target)}
+            return IsoQuality(dense_wall / wall, "=", steps / dense_steps, gap, **_chord(a, b, target))
+    chord = _chord(runs[-2], runs[-1], target) if len(runs) > 1 else {}
     return IsoQuality(None, "", None, gap, upper=dense_wall / runs[-1].wall_s, **chord)
 
 
@@ -256,7 +250,7 @@ def gap_that_pays(sparse_frac: float, step_speedup: float, sigma: float, speedup
             f"gap_that_pays: f={sparse_frac} (0..1), s={step_speedup} (> 0), sigma={sigma} (> 0), "
             f"speedup={speedup} (> 0)"
         )
-    k = 1.0 / (speedup * (1.0 - sparse_frac + sparse_frac / step_speedup))
+    k = projected_speedup(sparse_frac, step_speedup) / speedup  # the steps ratio that still gives ``speedup``
     return k**sigma - 1.0
 
 
