@@ -2,18 +2,14 @@
 (MoE-style: each chunk of C hidden units is an "expert", each token keeps k = h / (4 C) of them),
 forward and backward of one FFN, beside the dense FFN's six GEMMs in the same process (CUDA, bf16).
 
-Per FFN with T tokens, d model, h hidden, rows R = T k sorted by chunk (offsets per chunk):
-  forward   Xp = X[src] (R x d); Zp = Xp W1c^T per chunk (R x C); Hp = relu(Zp)^2;
-            Yp = Hp W2c^T per chunk (R x d); Y = sum of each token's k rows of Yp
-  backward  dYp = dY[src]; dHp = dYp W2c (R x C); dZp = 2 relu(Zp) dHp;
-            dW2c = dYp^T Hp and dW1c = dZp^T Xp per chunk (offsets along R);
-            dXp = dZp W1c (R x d); dX = sum of each token's k rows of dXp
-A chunk's GEMM has C columns (F1, dH) or an inner dimension of C (F2, dX): the intensity of a chunk
-GEMM is about C FLOP per byte of its token rows, so small chunks are bound by memory, not FLOPs.
+The per-chunk FFN is the library's grouped path (kernels/ffn_grouped.py: the rows sorted by chunk,
+torch._grouped_mm per chunk, each token's rows summed back), timed with its row sort. A chunk's GEMM
+has C columns (F1, dH) or an inner dimension of C (F2, dX): the intensity of a chunk GEMM is about
+C FLOP per byte of its token rows, so small chunks are bound by memory, not FLOPs.
 The routing here is random (each token k distinct chunks), which balances the chunks' row counts;
 with --score-units r each token's chunks come instead from SparsityConfig.score_units' choice (4 of
 every 16 chunks ranked on the token's H over each chunk's first r units: one more GEMM, T x d x E r,
-and a top-4), timed with the routing and the grouped GEMMs as the call a kernel would make.
+and a sort of each run of 16), timed in the call as the library's op runs it.
 """
 
 import argparse
@@ -24,6 +20,7 @@ import torch
 
 from bench.ffn import median_ms
 from bench.gpu_timing import start_gpu_bench
+from sparse_compile.kernels.ffn_grouped import chunk_choice, grouped_ffn_backward, grouped_ffn_forward
 
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # Y, dX, dW1, dW2
 
@@ -54,61 +51,21 @@ def masked_ffn(
     return hh @ w2.t(), dz @ w1, dz.t() @ x, dy.t() @ hh
 
 
-def routing(choice: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From ``choice`` [T, k] (each token's k distinct chunk ids): (src [T k]: the token of each row
-    sorted by chunk, stable; offs [E] int32: cumulative row ends per chunk; inv [T k]: the sorted
-    position of token t's j-th chunk, row t k + j)."""
-    t, k = choice.shape
-    flat = choice.reshape(-1)
-    order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=e)
-    inv = torch.empty_like(order)
-    inv[order] = torch.arange(order.numel(), device=choice.device)
-    return order // k, counts.cumsum(0).to(torch.int32), inv
-
-
-def chunk_weights(w1: torch.Tensor, w2: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """W1 [h, d] and W2 [d, h] as e chunks of C = h / e units: W1c [E, C, d] (a view) and W2c
-    [E, d, C] (a copy: each chunk's columns of W2 made one contiguous matrix)."""
-    d, c = w1.shape[1], w1.shape[0] // e
-    return w1.view(e, c, d), w2.view(d, e, c).permute(1, 0, 2).contiguous()
-
-
 def grouped_ffn(
-    x: torch.Tensor, w1c: torch.Tensor, w2c: torch.Tensor, dy: torch.Tensor, src: torch.Tensor, offs: torch.Tensor,
-    inv: torch.Tensor, k: int,
-) -> Grads:  # fmt: skip
-    """The per-chunk FFN of the module docstring with torch._grouped_mm, on chunk_weights' W1c and
-    W2c and routing's rows. Returns Y, dX and the full dW1 [h, d], dW2 [d, h]."""
-    t, d = x.shape
-    xp = x.index_select(0, src)
-    zp = torch._grouped_mm(xp, w1c.transpose(1, 2), offs=offs)  # [R, C]
-    hp = torch.relu(zp).square()
-    yp = torch._grouped_mm(hp, w2c.transpose(1, 2), offs=offs)  # [R, d]
-    y = yp.index_select(0, inv).view(t, k, d).sum(1)
-    dyp = dy.index_select(0, src)
-    dzp = torch._grouped_mm(dyp, w2c, offs=offs) * 2 * torch.relu(zp)  # [R, C]
-    dw2 = torch._grouped_mm(dyp.t(), hp, offs=offs)  # [E, d, C]
-    dw1 = torch._grouped_mm(dzp.t(), xp, offs=offs)  # [E, C, d]
-    dx = torch._grouped_mm(dzp, w1c, offs=offs).index_select(0, inv).view(t, k, d).sum(1)
-    return y, dx, dw1.reshape(-1, d), dw2.permute(1, 0, 2).reshape(d, -1)
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, dy: torch.Tensor, choice: torch.Tensor, c: int
+) -> Grads:
+    """Forward and backward of the per-token chunk FFN on torch._grouped_mm (kernels/ffn_grouped.py, the
+    library's grouped path: the row sort included) on each token's ``choice`` [T, k] of the chunks of
+    c units. Returns Y, dX and the full dW1 [h, d], dW2 [d, h]."""
+    y, rp, src, offs, inv = grouped_ffn_forward(x, w1, None, w2, None, choice, c)
+    dx, dw1, _, dw2, _ = grouped_ffn_backward(dy, x, w1, w2, rp, src, offs, inv, c)
+    return y, dx, dw1, dw2
 
 
-def scored_choice(x: torch.Tensor, w1: torch.Tensor, e: int, m: int, r: int) -> torch.Tensor:
-    """Each token's 4 of every ``m`` of the e chunks of W1 [h, d], ranked by its H = relu(X W1^T)^2 summed
-    (float32) over each chunk's first ``r`` units (SparsityConfig.score_units): [T, 4 e / m] chunk ids,
-    F1 on only those E r rows of W1."""
-    t, c = x.shape[0], w1.shape[0] // e
-    rep = (torch.arange(e, device=x.device)[:, None] * c + torch.arange(r, device=x.device)).reshape(-1)
-    scores = torch.relu(x @ w1.index_select(0, rep).t()).square().float().view(t, e // m, m, r).sum(-1)
-    top = torch.topk(scores, 4, dim=-1).indices  # [T, E/m, 4]: ties have measure zero on real activations
-    return (top + m * torch.arange(e // m, device=x.device)[:, None]).reshape(t, -1)
-
-
-def scored_grouped_ffn(x, w1, w2, dy, e: int, m: int, r: int) -> Grads:
-    """scored_choice, routing and grouped_ffn in one call, as an op would run them."""
-    choice = scored_choice(x, w1, e, m, r)
-    return grouped_ffn(x, *chunk_weights(w1, w2, e), dy, *routing(choice, e), choice.shape[1])
+def scored_grouped_ffn(x, w1, w2, dy, m: int, c: int, r: int) -> Grads:
+    """The score_units choice (chunk_choice: F1 on each chunk's first r units, 4 of every m) and
+    grouped_ffn in one call, as the library's op runs them."""
+    return grouped_ffn(x, w1, w2, dy, chunk_choice(x, w1, None, m, c, r), c)
 
 
 def random_choice(t: int, e: int, k: int, device: torch.device) -> torch.Tensor:
@@ -149,10 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         e, k = h // c, h // (4 * c)
         if a.score_units is None:
             choice = random_choice(t, e, k, dev)
-            run = functools.partial(grouped_ffn, x, *chunk_weights(w1, w2, e), dy, *routing(choice, e), k)
+            run = functools.partial(grouped_ffn, x, w1, w2, dy, choice, c)
         else:
-            choice = scored_choice(x, w1, e, 16, a.score_units)
-            run = functools.partial(scored_grouped_ffn, x, w1, w2, dy, e, 16, a.score_units)
+            choice = chunk_choice(x, w1, None, 16, c, a.score_units)
+            run = functools.partial(scored_grouped_ffn, x, w1, w2, dy, 16, c, a.score_units)
         ref = masked_ffn(x, w1, w2, dy, choice, e)
         err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(run(), ref, strict=True))
         ms = median_ms(run, dev, a.reps)

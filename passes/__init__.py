@@ -184,7 +184,7 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
         )
         units = None
         routed = plan.op == "sqrelu_ffn_routed"
-        if routed or (site.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm")):  # the site's state
+        if routed or (site.permute and plan.op in ("sqrelu_ffn", "sqrelu_ffn_vnm", "sqrelu_ffn_grouped")):  # the state
             units = module_of(match.first, match.second)
             state = "tokens routed, groups and router" if routed else "hidden units permuted"
             note = "; ".join(n for n in (note, f"{state} fitted by sparse_compile.recluster") if n)

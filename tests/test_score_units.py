@@ -70,14 +70,6 @@ def test_compiled_model_matches_the_oracle_on_the_reference():
     assert "score_units=1" in str(report)
 
 
-def test_the_plan_says_why_it_is_the_reference():
-    from sparse_compile.planning.plan import plan_kernels
-
-    config = SparsityConfig(activations="1:4:16", chunk=16, score_units=2, kernels="triton")
-    plan = plan_kernels(torch.device("cpu"), torch.float16, 256, config)
-    assert plan.kernel == "reference" and plan.why.startswith("score_units=2: per-token chunks have no fast kernel")
-
-
 def test_a_smaller_fallback_chunk_keeps_the_share_of_scoring_units():
     assert fitted_units(None, 128, 64) is None
     assert fitted_units(32, 128, 128) == 32

@@ -19,6 +19,13 @@ With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured f
 on this GPU at the site's shape (sparse_compile/planning/f1_choice.py); the plan carries the algorithm id.
 Under kernels="auto" each of F2, B1, B3 runs on its gather kernel or on cuBLAS over the dense
 operand, whichever measured faster at the site's shape (sparse_compile/planning/gather_choice.py).
+  "grouped GEMM"       per-token chunks (1:4:M in chunks of c): each chunk a grouped-GEMM "expert"
+                       over the tokens that kept it (kernels/ffn_grouped.py, torch._grouped_mm); F1
+                       first on the score_units of each chunk (or dense) to choose
+The grouped path needs 1:4:M, chunk and d multiples of 16, exact weight gradients, bf16 on
+sm90+ and, under kernels="auto", chunks of at least 256 units (a chunk GEMM does about c FLOP per
+byte of its token rows: narrower chunks are bound by memory); kernels="triton" forces it (on CPU too:
+torch's grouped GEMM runs there, for tests).
 The 2:4 activation path needs activations "2:4", an sm90 GPU (the compressor's layout), bf16/fp16,
 T known to be a multiple of 64, and d and h multiples of 64; F2 and B3 go to cuSPARSELt when it
 measured faster than cuBLAS at the site's shape (sparse_compile/planning/act24_choice.py), or under
@@ -42,6 +49,8 @@ CSLT24 = "triton 2:4"
 W24 = "2:4 weight linears"
 ROUTED = "triton routed gather"
 ROUTED_REF = "routed reference"
+GROUPED = "grouped GEMM"
+GROUPED_MIN_CHUNK = 256  # auto: per-token chunks this wide and wider run grouped (c FLOP per byte of token rows)
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,8 @@ class KernelPlan:
     @property
     def op(self) -> str:
         """The sparse_compile op the site is rewritten into."""
-        ops = {GATHER: "sqrelu_ffn_vnm", CSLT24: "sqrelu_ffn_24", W24: "linear_24", ROUTED: "sqrelu_ffn_routed"}
+        ops = {GATHER: "sqrelu_ffn_vnm", CSLT24: "sqrelu_ffn_24", W24: "linear_24", ROUTED: "sqrelu_ffn_routed",
+               GROUPED: "sqrelu_ffn_grouped"}  # fmt: skip
         return ops.get(self.kernel, "sqrelu_ffn_routed" if self.kernel.startswith(ROUTED_REF) else "sqrelu_ffn")
 
     @property
@@ -85,13 +95,13 @@ def plan_kernels(
         return _reference(device.type)
     if config.token_extra:
         return _reference(device.type, f"token_extra={config.token_extra}: no fast kernel takes per-token extra units")
-    if config.score_units is not None:
-        return _reference(device.type, f"score_units={config.score_units}: per-token chunks have no fast kernel")
+    pattern = config.activation_pattern
+    if pattern is not None and pattern[0] == 1 and config.chunk > 1:
+        return _plan_grouped(device, dtype, config, d)
     if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("sparse_compile: kernels='triton' on CPU needs TRITON_INTERPRET=1 (the Triton interpreter)")
     if config.kernels == "auto" and device.type == "cpu":
         return _reference("cpu")
-    pattern = config.activation_pattern
     if pattern is None:
         return _plan_w24(device, dtype, tokens, config, d, h)
     if pattern == (1, 2, 4):
@@ -169,6 +179,30 @@ def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfi
     else:
         why += "; routed to the group whose representative units fire most"
     return KernelPlan(ROUTED, True, gemm_why=why)
+
+
+def _plan_grouped(device: torch.device, dtype: torch.dtype, config: SparsityConfig, d: int) -> KernelPlan:
+    """Per-token chunks (1:4:M in chunks of c > 1): each chunk a grouped-GEMM "expert" over the tokens
+    that kept it (kernels/ffn_grouped.py), where torch's grouped GEMM takes the shapes and the chunks
+    are wide enough to pay; else the masked dense reference, and the report says why."""
+    m, c, r = config.activation_pattern[2], config.chunk, config.score_units  # 1:4:M (SparsityConfig checks)
+    if config.kernels == "reference" or (config.kernels == "auto" and device.type == "cpu"):
+        return _reference(device.type)
+    why = ""
+    if config.weight_grad_pattern is not None:
+        why = f"weight_grad={config.weight_grad}: the grouped kernel computes exact weight gradients"
+    elif c % 16 or (d and d % 16):
+        why = f"chunks of {c}, d={d}: grouped GEMMs need chunk and d multiples of 16 (16-byte rows)"
+    elif config.kernels == "auto" and c < GROUPED_MIN_CHUNK:
+        why = (f"chunks of {c}: a chunk's grouped GEMM does about {c} FLOP per byte of its token rows, bound by "
+               f"memory below {GROUPED_MIN_CHUNK} units and slower than the masked dense GEMMs")  # fmt: skip
+    elif device.type == "cuda" and (dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (9, 0)):
+        why = f"{str(dtype).removeprefix('torch.')}: torch's grouped GEMM needs bf16 on sm90 or newer"
+    if why:
+        return _reference(device.type, why)
+    scored = (f"F1 on each chunk's first {r} units to choose, then on the kept chunks" if r is not None and r < c
+              else "F1 dense to choose (every unit scores), then F2, B1-B4 on the kept chunks")  # fmt: skip
+    return KernelPlan(GROUPED, False, gemm_why=f"each token's 4 of every {m} chunks of {c} as grouped GEMMs; {scored}")
 
 
 def _hint(tokens) -> int | None:
