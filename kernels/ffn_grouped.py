@@ -16,7 +16,7 @@ src [R] the token of each row, offs [E] int32 the cumulative row ends, inv [T k]
 of token t's j-th kept chunk. No shape depends on the data, and nothing waits on the host.
 
   forward   Xp = X[src]; Zp = Xp W1c^T + b1c (per chunk); Rp = relu(Zp); Yp = Rp^2 W2c^T;
-            Y[t] = sum_j Yp[inv[t k + j]] + b2 (accumulated in float32)
+            Y[t] = sum_j Yp[inv[t k + j]] + b2 (accumulated in float32; grouped_sums_triton on CUDA)
   backward  dYp = dY[src]; dZp = (dYp W2c) * 2 Rp; dW2c = dYp^T Rp^2; dW1c = dZp^T Xp and db1c = dZp^T 1
             (per chunk: offsets along R); dX[t] = sum_j (dZp W1c)[inv[t k + j]]; db2 = sum_t dY
 Every GEMM does 4/M of the dense one's work. A chunk GEMM reads a token row per c columns it
@@ -65,9 +65,25 @@ def chunk_weights(w1: torch.Tensor, w2: torch.Tensor, c: int) -> tuple[torch.Ten
 
 
 def _per_token_sum(rows: torch.Tensor, inv: torch.Tensor, t: int) -> torch.Tensor:
-    """[T, n]: each token's k rows of ``rows`` [T k, n] (sorted by chunk) summed, in float32 inside the
-    reduction and rounded once to rows' dtype."""
+    """[T, n]: each token's k rows of ``rows`` [T k, n] (sorted by chunk) summed in float32 and rounded
+    once to rows' dtype (on CUDA without the gathered copy: grouped_sums_triton.token_sum)."""
+    if rows.is_cuda:
+        from sparse_compile.kernels.grouped_sums_triton import token_sum  # Triton: imported when used
+
+        return token_sum(rows, inv, inv.numel() // t)
     return rows.index_select(0, inv).view(t, -1, rows.shape[1]).sum(1)
+
+
+def _chunk_colsum(rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """float32 [E, c]: the column sums of each chunk's run of ``rows`` [R, c] (rows sorted by chunk,
+    ``offs`` the runs' ends), in a fixed order (grouped_sums_triton.segment_colsum on CUDA)."""
+    if rows.is_cuda:
+        from sparse_compile.kernels.grouped_sums_triton import segment_colsum
+
+        return segment_colsum(rows, offs)
+    counts = torch.diff(offs.long(), prepend=offs.new_zeros(1).long())
+    chunk = torch.repeat_interleave(torch.arange(offs.numel()), counts)
+    return torch.zeros(offs.numel(), rows.shape[1]).index_add_(0, chunk, rows.float())
 
 
 def _nonempty(grad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -118,10 +134,9 @@ def grouped_ffn_backward(
     w1c, w2c = chunk_weights(w1, w2, c)
     dyp = dy.index_select(0, src)
     dhp = torch._grouped_mm(dyp, w2c, offs=offs)  # [R, c]
-    dzp = (dhp.float() * (2.0 * rp.float())).to(dy.dtype)  # d/dz relu(z)^2 = 2 relu(z)
+    dzp = dhp.mul_(rp).mul_(2.0)  # d/dz relu(z)^2 = 2 relu(z); the product rounded once, as in float32
     dw2 = _nonempty(torch._grouped_mm(dyp.t(), rp * rp, offs=offs), offs)  # [E, d_out, c]
     dw1 = _nonempty(torch._grouped_mm(dzp.t(), x.index_select(0, src), offs=offs), offs)  # [E, c, d]
-    ones = dzp.new_ones(dzp.shape[0], 8)  # 8 columns: 16-byte rows for the grouped GEMM
-    db1 = _nonempty(torch._grouped_mm(dzp.t(), ones, offs=offs)[..., 0], offs)  # [E, c]
+    db1 = _chunk_colsum(dzp, offs).to(dy.dtype)  # [E, c]
     dx = _per_token_sum(torch._grouped_mm(dzp, w1c, offs=offs), inv, t)
     return dx, dw1.reshape(-1, d), db1.reshape(-1), dw2.permute(1, 0, 2).reshape(d_out, -1), dy.sum(0)
