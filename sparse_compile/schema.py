@@ -117,8 +117,8 @@ class SparsityConfig:
         activations with V > 1, and hidden % (M * chunk) == 0 at a site; where it is not, a site takes
         the largest chunk / 2**k >= 16 that divides (the report names it), else stays dense.
         Per token, "1:4:M" with chunk > 1: each token keeps the 4 of every M chunks with most of its
-        own mass (causal by construction); no fast kernel takes it (the reference runs it): a
-        measure of what a per-token chunk choice keeps, not a speed option.
+        own mass (causal by construction); chunks of 256 units and more (bf16, sm90+) run on grouped
+        GEMMs (kernels/ffn_grouped.py), narrower ones on the reference (planning/plan.py says why).
     causal: a V:N:M block (V > 1) chooses its kept columns from the tokens before it (the previous
         block of its sequence; a sequence's first block from its first token), so no token's output
         depends on a later token (kernels/activation_mask.py). The sequence is x's second-to-last
@@ -162,9 +162,9 @@ class SparsityConfig:
         chunks by its H on each chunk's first r units (in the op's unit order: with ``permute``, the r
         heaviest units of each co-firing chunk in the last refit's sample), not on all of them: a
         router from the token's own input that needs Z on h r / chunk columns before the kept chunks'
-        Z (kernels/activation_mask.py). The reference runs it, as it runs every per-token chunk
-        pattern: a measure of what such a router keeps and trains to, not a speed option. None
-        (default): every unit scores its chunk (the token's whole H).
+        Z (kernels/activation_mask.py). It runs where its pattern runs: on grouped GEMMs for chunks
+        of 256 units and more (F1 on those r units first), else on the reference. None (default):
+        every unit scores its chunk (the token's whole H; on grouped GEMMs, F1 in full first).
     kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
         time, else the reference; sparse_compile/planning/plan.py),
         "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
