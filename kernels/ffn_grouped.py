@@ -17,6 +17,8 @@ of token t's j-th kept chunk. No shape depends on the data, and nothing waits on
 
   forward   Xp = X[src]; Zp = Xp W1c^T + b1c (per chunk); Rp = relu(Zp); Yp = Rp^2 W2c^T;
             Y[t] = sum_j Yp[inv[t k + j]] + b2 (accumulated in float32; grouped_sums_triton on CUDA)
+Rounding (bf16): each GEMM's output is rounded, so Zp before b1 is added and each of a token's k
+rows of Yp and of dX before their sum; the reference rounds each once, from one fused GEMM.
   backward  dYp = dY[src]; dZp = (dYp W2c) * 2 Rp; dW2c = dYp^T Rp^2; dW1c = dZp^T Xp and db1c = dZp^T 1
             (per chunk: offsets along R); dX[t] = sum_j (dZp W1c)[inv[t k + j]]; db2 = sum_t dY
 Every GEMM does 4/M of the dense one's work. A chunk GEMM reads a token row per c columns it
@@ -40,9 +42,9 @@ def chunk_choice(
         rep = (torch.arange(e, device=x.device)[:, None] * c + torch.arange(r, device=x.device)).reshape(-1)
         z = F.linear(x, w1.index_select(0, rep), None if b1 is None else b1.index_select(0, rep))
     rr = torch.relu(z)
-    scores = (rr * rr).view(t, e // m, m, -1).sum(-1, dtype=torch.float32)  # [T, E/M, M]
+    scores = (rr * rr).view(t, e // m, m, r or c).sum(-1, dtype=torch.float32)  # [T, E/M, M]
     top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :4]
-    return (top + m * torch.arange(e // m, device=x.device)[:, None]).reshape(t, -1)
+    return (top + m * torch.arange(e // m, device=x.device)[:, None]).reshape(t, 4 * (e // m))
 
 
 def chunk_rows(choice: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -64,14 +66,15 @@ def chunk_weights(w1: torch.Tensor, w2: torch.Tensor, c: int) -> tuple[torch.Ten
     return w1.view(e, c, w1.shape[1]), w2.view(d_out, e, c).permute(1, 0, 2).contiguous()
 
 
-def _per_token_sum(rows: torch.Tensor, inv: torch.Tensor, t: int) -> torch.Tensor:
-    """[T, n]: each token's k rows of ``rows`` [T k, n] (sorted by chunk) summed in float32 and rounded
-    once to rows' dtype (on CUDA without the gathered copy: grouped_sums_triton.token_sum)."""
+def _per_token_sum(rows: torch.Tensor, inv: torch.Tensor, k: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, n]: each token's k rows of ``rows`` [T k, n] (sorted by chunk), plus ``bias`` [n] when given, summed
+    in float32 and rounded once to rows' dtype (on CUDA without the gathered copy: grouped_sums_triton)."""
     if rows.is_cuda:
         from sparse_compile.kernels.grouped_sums_triton import token_sum  # Triton: imported when used
 
-        return token_sum(rows, inv, inv.numel() // t)
-    return rows.index_select(0, inv).view(t, -1, rows.shape[1]).sum(1)
+        return token_sum(rows, inv, k, bias)
+    total = rows.index_select(0, inv).view(-1, k, rows.shape[1]).float().sum(1)
+    return (total if bias is None else total + bias.float()).to(rows.dtype)
 
 
 def _chunk_colsum(rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -89,7 +92,7 @@ def _chunk_colsum(rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
 def _nonempty(grad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``grad`` [E, ...] of a grouped GEMM along rows, with the groups no row fell in set to zero."""
     counts = torch.diff(offs, prepend=offs.new_zeros(1))
-    return grad * (counts > 0).view(-1, *([1] * (grad.dim() - 1))).to(grad.dtype)
+    return torch.where((counts > 0).view(-1, *([1] * (grad.dim() - 1))), grad, 0)  # 0 * NaN would stay NaN
 
 
 def grouped_ffn_forward(
@@ -103,8 +106,11 @@ def grouped_ffn_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, d] -> (y [T, d_out], Rp [T k, c], src, offs, inv: what the backward reads), each token on
     its ``choice`` [T, k] of chunks (module docstring)."""
-    t, e = x.shape[0], w1.shape[0] // c
+    t, e, k = x.shape[0], w1.shape[0] // c, choice.shape[1]
     src, chunk, offs, inv = chunk_rows(choice, e)
+    if t == 0:
+        y = x.new_zeros((0, w2.shape[0]))
+        return y, x.new_zeros((0, c)), src, offs, inv
     w1c, w2c = chunk_weights(w1, w2, c)
     xp = x.index_select(0, src)
     zp = torch._grouped_mm(xp, w1c.transpose(1, 2), offs=offs)  # [R, c]
@@ -112,8 +118,7 @@ def grouped_ffn_forward(
         zp += b1.view(e, c).index_select(0, chunk)
     rp = torch.relu(zp)
     yp = torch._grouped_mm(rp * rp, w2c.transpose(1, 2), offs=offs)  # [R, d_out]
-    y = _per_token_sum(yp, inv, t)
-    return (y if b2 is None else y + b2), rp, src, offs, inv
+    return _per_token_sum(yp, inv, k, b2), rp, src, offs, inv
 
 
 def grouped_ffn_backward(
@@ -130,7 +135,10 @@ def grouped_ffn_backward(
     """Gradients (dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of grouped_ffn_forward,
     the choice held constant; all in dy's dtype."""
     t, d = x.shape
-    d_out = w2.shape[0]
+    d_out, e = w2.shape[0], w1.shape[0] // c
+    if t == 0:
+        zero = lambda *shape: dy.new_zeros(shape)  # noqa: E731
+        return zero(0, d), zero(e * c, d), zero(e * c), zero(d_out, e * c), zero(d_out)
     w1c, w2c = chunk_weights(w1, w2, c)
     dyp = dy.index_select(0, src)
     dhp = torch._grouped_mm(dyp, w2c, offs=offs)  # [R, c]
@@ -138,5 +146,5 @@ def grouped_ffn_backward(
     dw2 = _nonempty(torch._grouped_mm(dyp.t(), rp * rp, offs=offs), offs)  # [E, d_out, c]
     dw1 = _nonempty(torch._grouped_mm(dzp.t(), x.index_select(0, src), offs=offs), offs)  # [E, c, d]
     db1 = _chunk_colsum(dzp, offs).to(dy.dtype)  # [E, c]
-    dx = _per_token_sum(torch._grouped_mm(dzp, w1c, offs=offs), inv, t)
+    dx = _per_token_sum(torch._grouped_mm(dzp, w1c, offs=offs), inv, inv.numel() // t)
     return dx, dw1.reshape(-1, d), db1.reshape(-1), dw2.permute(1, 0, 2).reshape(d_out, -1), dy.sum(0)

@@ -1,8 +1,8 @@
 """The two reductions of the grouped path (kernels/ffn_grouped.py) over rows sorted by chunk, in Triton.
 
-token_sum(rows, inv, k): out[t] = sum_j rows[inv[t k + j]] ([T k, n] -> [T, n]): each token's k
-rows (one per kept chunk) added back together, in float32 in a fixed order, rounded once to rows'
-dtype. One read of the rows, one write of the output: no [T k, n] gathered copy.
+token_sum(rows, inv, k, bias): out[t] = bias + sum_j rows[inv[t k + j]] ([T k, n] -> [T, n]): each
+token's k rows (one per kept chunk) added back together with b2, in float32 in a fixed order, rounded
+once to rows' dtype. One read of the rows, one write of the output: no [T k, n] gathered copy.
 segment_colsum(rows, offs): out[e] = sum of rows[offs[e-1] : offs[e]] ([R, c] -> float32 [E, c]):
 db1 of each chunk from dZp, one program per (chunk, column block, part of the chunk's rows) walking
 its rows in order, the parts then added in order; an empty chunk sums to zero.
@@ -16,11 +16,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _token_sum_kernel(rows_ptr, inv_ptr, out_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr):
+def _token_sum_kernel(rows_ptr, inv_ptr, bias_ptr, out_ptr, n, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     for j in tl.static_range(K):
         r = tl.load(inv_ptr + t * K + j).to(tl.int64)
         acc += tl.load(rows_ptr + r * n + cols, mask=ok, other=0.0).to(tl.float32)
@@ -48,13 +51,17 @@ def _segment_colsum_kernel(
     tl.store(out_ptr + (part * n_cols + e * c) + cols, tl.sum(acc, axis=0), mask=ok)
 
 
-def token_sum(rows: torch.Tensor, inv: torch.Tensor, k: int) -> torch.Tensor:
-    """[T, n] in rows' dtype: out[t] = sum_j rows[inv[t k + j]] for rows [T k, n] (contiguous)."""
+def token_sum(rows: torch.Tensor, inv: torch.Tensor, k: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, n] in rows' dtype: out[t] = bias + sum_j rows[inv[t k + j]] for rows [T k, n] (bias [n] or None)."""
     rows, inv = rows.contiguous(), inv.contiguous()
     t, n = inv.numel() // k, rows.shape[1]
     out = rows.new_empty((t, n))
+    if t == 0:
+        return out
     block = min(1024, triton.next_power_of_2(n))
-    _token_sum_kernel[(t, triton.cdiv(n, block))](rows, inv, out, n, K=k, BLOCK=block)
+    b = rows if bias is None else bias.contiguous()  # any pointer when there is no bias
+    grid = (t, triton.cdiv(n, block))
+    _token_sum_kernel[grid](rows, inv, b, out, n, K=k, HAS_BIAS=bias is not None, BLOCK=block)
     return out
 
 

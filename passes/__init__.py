@@ -170,7 +170,8 @@ def sparsify_ffns(gm: torch.fx.GraphModule, config: SparsityConfig, cuda_graphs:
             continue
         x = example_value(match.x)
         h, d = example_value(match.w1).shape
-        plan = plan_kernels(x.device, compute_dtype(match), math.prod(x.shape[:-1]), site, d=d, h=h)
+        d_out = example_value(match.w2).shape[0]
+        plan = plan_kernels(x.device, compute_dtype(match), math.prod(x.shape[:-1]), site, d=d, h=h, d_out=d_out)
         approx = ""
         if site.weight_grad_pattern is not None:
             approx = f"dW1, dW2: token-dim approximation {site.weight_grad} (slower than exact)"

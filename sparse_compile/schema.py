@@ -117,7 +117,7 @@ class SparsityConfig:
         activations with V > 1, and hidden % (M * chunk) == 0 at a site; where it is not, a site takes
         the largest chunk / 2**k >= 16 that divides (the report names it), else stays dense.
         Per token, "1:4:M" with chunk > 1: each token keeps the 4 of every M chunks with most of its
-        own mass (causal by construction); chunks of 256 units and more (bf16, sm90+) run on grouped
+        own mass (causal by construction); chunks of 256 units and more (bf16, sm90 / sm100) run on grouped
         GEMMs (kernels/ffn_grouped.py), narrower ones on the reference (planning/plan.py says why).
     causal: a V:N:M block (V > 1) chooses its kept columns from the tokens before it (the previous
         block of its sequence; a sequence's first block from its first token), so no token's output
@@ -165,9 +165,10 @@ class SparsityConfig:
         Z (kernels/activation_mask.py). It runs where its pattern runs: on grouped GEMMs for chunks
         of 256 units and more (F1 on those r units first), else on the reference. None (default):
         every unit scores its chunk (the token's whole H; on grouped GEMMs, F1 in full first).
-    kernels: "auto" (the fast kernels where they apply, each GEMM measured against cuBLAS at compile
-        time, else the reference; sparse_compile/planning/plan.py),
-        "reference" (pure torch) or "triton" (the Triton gather kernels wherever the pattern allows).
+    kernels: "auto" (the fast kernels where they apply, each gather GEMM measured against cuBLAS at
+        compile time; per-token chunks on grouped GEMMs from 256 units; else the reference;
+        sparse_compile/planning/plan.py), "reference" (pure torch) or "triton" (the fast path wherever
+        the pattern allows: the Triton gather kernels, or the grouped GEMMs at any chunk width).
     min_hidden: FFNs with a smaller hidden size stay dense.
     small_ffn: CUDA sites too small to pay, by a size rule on T x d x h (sparse_compile/passes/
         size_rule.py). "graphs" (default): a site that pays only with CUDA graphs runs sparse and its

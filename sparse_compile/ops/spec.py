@@ -35,7 +35,7 @@ class OpSpec:
     gather: bool = False  # routed: on the gather kernels (kernels/ffn_routed.py), else the reference
     router: str = DEFAULT_ROUTER  # routed: how a token's group is chosen (SparsityConfig.router)
     token_extra: int = 0  # each token's own largest units outside the block's choice, kept too (reference)
-    score_units: int | None = None  # per-token chunks: ranked on each chunk's first r units (reference)
+    score_units: int | None = None  # per-token chunks: ranked on each chunk's first r units
 
 
 @functools.cache

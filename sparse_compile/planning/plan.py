@@ -22,8 +22,8 @@ operand, whichever measured faster at the site's shape (sparse_compile/planning/
   "grouped GEMM"       per-token chunks (1:4:M in chunks of c): each chunk a grouped-GEMM "expert"
                        over the tokens that kept it (kernels/ffn_grouped.py, torch._grouped_mm); F1
                        first on the score_units of each chunk (or dense) to choose
-The grouped path needs 1:4:M, chunk and d multiples of 16, exact weight gradients, bf16 on
-sm90+ and, under kernels="auto", chunks of at least 256 units (a chunk GEMM does about c FLOP per
+The grouped path needs 1:4:M, chunk, d and d_out multiples of 8, exact weight gradients, bf16 on
+sm90 or sm100 and, under kernels="auto", chunks of at least 256 units (a chunk GEMM does about c FLOP per
 byte of its token rows: narrower chunks are bound by memory); kernels="triton" forces it (on CPU too:
 torch's grouped GEMM runs there, for tests).
 The 2:4 activation path needs activations "2:4", an sm90 GPU (the compressor's layout), bf16/fp16,
@@ -51,6 +51,7 @@ ROUTED = "triton routed gather"
 ROUTED_REF = "routed reference"
 GROUPED = "grouped GEMM"
 GROUPED_MIN_CHUNK = 256  # auto: per-token chunks this wide and wider run grouped (c FLOP per byte of token rows)
+GROUPED_MAJORS = (9, 10)  # compute capability majors with torch's grouped GEMM kernels (sm90, sm100)
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,10 @@ def _reference(device_type: str, why: str = "") -> KernelPlan:
 
 
 def plan_kernels(
-    device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int = 0, h: int = 0
+    device: torch.device, dtype: torch.dtype, tokens, config: SparsityConfig, d: int = 0, h: int = 0, d_out: int = 0
 ) -> KernelPlan:
     """The kernels of a site whose input has ``tokens`` rows (an int or a SymInt) on ``device``,
-    with W1 of shape [h, d] (0: unknown, no F1 choice)."""
+    with W1 of shape [h, d] and W2 of [d_out, h] (0: unknown, no F1 choice)."""
     if device.type not in DEVICES:
         raise ValueError(f"sparse_compile: no kernels for device {device.type!r}; supported: {DEVICES}")
     if config.routes is not None:
@@ -97,7 +98,7 @@ def plan_kernels(
         return _reference(device.type, f"token_extra={config.token_extra}: no fast kernel takes per-token extra units")
     pattern = config.activation_pattern
     if pattern is not None and pattern[0] == 1 and config.chunk > 1:
-        return _plan_grouped(device, dtype, config, d)
+        return _plan_grouped(device, dtype, config, d, d_out)
     if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("sparse_compile: kernels='triton' on CPU needs TRITON_INTERPRET=1 (the Triton interpreter)")
     if config.kernels == "auto" and device.type == "cpu":
@@ -181,7 +182,7 @@ def _plan_routed(device: torch.device, dtype: torch.dtype, config: SparsityConfi
     return KernelPlan(ROUTED, True, gemm_why=why)
 
 
-def _plan_grouped(device: torch.device, dtype: torch.dtype, config: SparsityConfig, d: int) -> KernelPlan:
+def _plan_grouped(device: torch.device, dtype: torch.dtype, config: SparsityConfig, d: int, d_out: int) -> KernelPlan:
     """Per-token chunks (1:4:M in chunks of c > 1): each chunk a grouped-GEMM "expert" over the tokens
     that kept it (kernels/ffn_grouped.py), where torch's grouped GEMM takes the shapes and the chunks
     are wide enough to pay; else the masked dense reference, and the report says why."""
@@ -191,13 +192,16 @@ def _plan_grouped(device: torch.device, dtype: torch.dtype, config: SparsityConf
     why = ""
     if config.weight_grad_pattern is not None:
         why = f"weight_grad={config.weight_grad}: the grouped kernel computes exact weight gradients"
-    elif c % 16 or (d and d % 16):
-        why = f"chunks of {c}, d={d}: grouped GEMMs need chunk and d multiples of 16 (16-byte rows)"
+    elif c % 8 or d % 8 or d_out % 8:
+        why = f"chunks of {c}, d={d}, d_out={d_out}: grouped GEMMs need each a multiple of 8 (16-byte bf16 rows)"
     elif config.kernels == "auto" and c < GROUPED_MIN_CHUNK:
         why = (f"chunks of {c}: a chunk's grouped GEMM does about {c} FLOP per byte of its token rows, bound by "
                f"memory below {GROUPED_MIN_CHUNK} units and slower than the masked dense GEMMs")  # fmt: skip
-    elif device.type == "cuda" and (dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (9, 0)):
-        why = f"{str(dtype).removeprefix('torch.')}: torch's grouped GEMM needs bf16 on sm90 or newer"
+    elif device.type == "cuda" and dtype != torch.bfloat16:
+        why = f"{str(dtype).removeprefix('torch.')}: torch's grouped GEMM runs bf16"
+    elif device.type == "cuda" and (cap := torch.cuda.get_device_capability(device))[0] not in GROUPED_MAJORS:
+        why = (f"sm{cap[0]}{cap[1]}: torch's grouped GEMM has kernels for sm90 and sm100; elsewhere it loops over "
+               "the groups and waits on the host")  # fmt: skip
     if why:
         return _reference(device.type, why)
     scored = (f"F1 on each chunk's first {r} units to choose, then on the kept chunks" if r is not None and r < c
