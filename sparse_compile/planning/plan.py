@@ -11,6 +11,9 @@
   "triton 2:4"         2:4 activations (kernels/ffn_act24_cslt.py): the squared ReLU, 2:4 choice and
                        cuSPARSELt compression in one pass; F2 and B3 on cuSPARSELt with the activation
                        as the sparse operand where that measured faster than cuBLAS, else on cuBLAS
+  "grouped GEMM"       per-token chunks (1:4:M in chunks of c): each chunk a grouped-GEMM "expert"
+                       over the tokens that kept it (kernels/ffn_grouped.py, torch._grouped_mm); F1
+                       first on the score_units of each chunk (or dense) to choose
 The gather path needs V:N:M activations with V a multiple of 16, T a known multiple of V,
 bf16/fp16 (fp32 would need IEEE-fp32 dots, slower than cuBLAS fp32), and sm80+. Anything else
 runs the reference kernels, and the report says why. kernels="triton" forces the gather path
@@ -19,9 +22,6 @@ With 2:4 weights on the gather path, F1 runs on cuSPARSELt where that measured f
 on this GPU at the site's shape (sparse_compile/planning/f1_choice.py); the plan carries the algorithm id.
 Under kernels="auto" each of F2, B1, B3 runs on its gather kernel or on cuBLAS over the dense
 operand, whichever measured faster at the site's shape (sparse_compile/planning/gather_choice.py).
-  "grouped GEMM"       per-token chunks (1:4:M in chunks of c): each chunk a grouped-GEMM "expert"
-                       over the tokens that kept it (kernels/ffn_grouped.py, torch._grouped_mm); F1
-                       first on the score_units of each chunk (or dense) to choose
 The grouped path needs 1:4:M, chunk, d and d_out multiples of 8, exact weight gradients, bf16 on
 sm90 or sm100 and, under kernels="auto", chunks of at least 256 units (a chunk GEMM does about c FLOP per
 byte of its token rows: narrower chunks are bound by memory); kernels="triton" forces it (on CPU too:
