@@ -17,10 +17,10 @@ of token t's j-th kept chunk. No shape depends on the data, and nothing waits on
 
   forward   Xp = X[src]; Zp = Xp W1c^T + b1c (per chunk); Rp = relu(Zp); Yp = Rp^2 W2c^T;
             Y[t] = sum_j Yp[inv[t k + j]] + b2 (accumulated in float32; grouped_sums_triton on CUDA)
-Rounding (bf16): each GEMM's output is rounded, so Zp before b1 is added and each of a token's k
-rows of Yp and of dX before their sum; the reference rounds each once, from one fused GEMM.
   backward  dYp = dY[src]; dZp = (dYp W2c) * 2 Rp; dW2c = dYp^T Rp^2; dW1c = dZp^T Xp and db1c = dZp^T 1
             (per chunk: offsets along R); dX[t] = sum_j (dZp W1c)[inv[t k + j]]; db2 = sum_t dY
+Rounding (bf16): each GEMM's output is rounded, so Zp before b1 is added and each of a token's k
+rows of Yp and of dX before their sum; the reference rounds each once, from one fused GEMM.
 Every GEMM does 4/M of the dense one's work. A chunk GEMM reads a token row per c columns it
 computes, about c FLOP per byte, so grouped GEMMs on small chunks are bound by memory, not FLOPs.
 A chunk no token kept is an empty group; its weight gradients are set to zero here.
