@@ -20,7 +20,7 @@ import torch
 
 from bench.ffn import median_ms
 from bench.gpu_timing import start_gpu_bench
-from sparse_compile.kernels.ffn_grouped import chunk_choice, grouped_ffn_backward, grouped_ffn_forward
+from sparse_compile.kernels.ffn_grouped import choice_mask, chunk_choice, grouped_ffn_backward, grouped_ffn_forward
 
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # Y, dX, dW1, dW2
 
@@ -41,9 +41,8 @@ def masked_ffn(
 ) -> Grads:
     """The reference: dense math in float32 with each token's H kept on its chosen chunks only
     (``choice`` [T, k] ids of the e chunks of C = h / e units), the straight-through mask of the op."""
-    t, h = x.shape[0], w1.shape[0]
-    keep = torch.zeros(t, e, dtype=torch.bool, device=x.device).scatter_(1, choice, True)
-    keep = keep.repeat_interleave(h // e, dim=1)
+    h = w1.shape[0]
+    keep = choice_mask(choice, h, h // e)
     x, w1, w2, dy = x.float(), w1.float(), w2.float(), dy.float()
     z = x @ w1.t()
     hh = torch.relu(z).square() * keep

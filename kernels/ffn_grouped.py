@@ -47,6 +47,12 @@ def chunk_choice(
     return (top + m * torch.arange(e // m, device=x.device)[:, None]).reshape(t, 4 * (e // m))
 
 
+def choice_mask(choice: torch.Tensor, h: int, c: int) -> torch.Tensor:
+    """bool [T, h]: the units of each token's ``choice`` [T, k] of chunks of c units (the pattern's mask)."""
+    keep = torch.zeros(choice.shape[0], h // c, dtype=torch.bool, device=choice.device).scatter_(1, choice, True)
+    return keep.repeat_interleave(c, dim=1)
+
+
 def chunk_rows(choice: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """From ``choice`` [T, k] (each token's k distinct chunk ids of e): (src [T k] the token of each row
     sorted by chunk, stable; chunk [T k] each sorted row's chunk; offs [e] int32 the cumulative row ends
@@ -77,6 +83,11 @@ def _per_token_sum(rows: torch.Tensor, inv: torch.Tensor, k: int, bias: torch.Te
     return (total if bias is None else total + bias.float()).to(rows.dtype)
 
 
+def _counts(offs: torch.Tensor) -> torch.Tensor:
+    """int64 [E]: each chunk's rows, from ``offs`` [E] (the cumulative row ends)."""
+    return torch.diff(offs.long(), prepend=offs.new_zeros(1).long())
+
+
 def _chunk_colsum(rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """float32 [E, c]: the column sums of each chunk's run of ``rows`` [R, c] (rows sorted by chunk,
     ``offs`` the runs' ends), in a fixed order (grouped_sums_triton.segment_colsum on CUDA)."""
@@ -84,15 +95,13 @@ def _chunk_colsum(rows: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         from sparse_compile.kernels.grouped_sums_triton import segment_colsum
 
         return segment_colsum(rows, offs)
-    counts = torch.diff(offs.long(), prepend=offs.new_zeros(1).long())
-    chunk = torch.repeat_interleave(torch.arange(offs.numel()), counts)
+    chunk = torch.repeat_interleave(torch.arange(offs.numel()), _counts(offs))
     return torch.zeros(offs.numel(), rows.shape[1]).index_add_(0, chunk, rows.float())
 
 
 def _nonempty(grad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``grad`` [E, ...] of a grouped GEMM along rows, with the groups no row fell in set to zero."""
-    counts = torch.diff(offs, prepend=offs.new_zeros(1))
-    return torch.where((counts > 0).view(-1, *([1] * (grad.dim() - 1))), grad, 0)  # 0 * NaN would stay NaN
+    return torch.where((_counts(offs) > 0).view(-1, *([1] * (grad.dim() - 1))), grad, 0)  # 0 * NaN stays NaN
 
 
 def grouped_ffn_forward(

@@ -12,7 +12,13 @@ import torch
 import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
-from sparse_compile.kernels.ffn_grouped import chunk_choice, chunk_rows, grouped_ffn_backward, grouped_ffn_forward
+from sparse_compile.kernels.ffn_grouped import (
+    choice_mask,
+    chunk_choice,
+    chunk_rows,
+    grouped_ffn_backward,
+    grouped_ffn_forward,
+)
 from sparse_compile.planning.plan import GROUPED, plan_kernels
 
 from .oracle import score_units_loop
@@ -26,18 +32,13 @@ def _leaves(t: int, d: int, h: int, d_out: int, seed: int) -> tuple[torch.Tensor
     return r(t, d), r(h, d, scale=d**-0.5), r(h, scale=0.3), r(d_out, h, scale=h**-0.5), r(d_out)
 
 
-def _keep(choice: torch.Tensor, h: int, c: int) -> torch.Tensor:
-    t = choice.shape[0]
-    return torch.zeros(t, h // c, dtype=torch.bool).scatter_(1, choice, True).repeat_interleave(c, dim=1)
-
-
 @pytest.mark.parametrize(("m", "c", "r"), [(8, 4, 1), (16, 8, 3), (8, 16, None), (8, 8, 2)])
 def test_choice_is_each_tokens_chunks_by_their_first_units(m, c, r):
     x, w1, b1, _, _ = _leaves(40, 16, 2 * m * c, 8, m + c)
     choice = chunk_choice(x, w1, b1, m, c, r)
     assert choice.shape == (40, 2 * 4)  # two runs of M chunks, 4 kept in each
     h = torch.relu(torch.nn.functional.linear(x, w1, b1)) ** 2
-    assert torch.equal(_keep(choice, 2 * m * c, c), score_units_loop(h, m, c, r or c))
+    assert torch.equal(choice_mask(choice, 2 * m * c, c), score_units_loop(h, m, c, r or c))
 
 
 def test_ties_go_to_the_lower_chunk():
@@ -48,7 +49,7 @@ def test_ties_go_to_the_lower_chunk():
     for r in (1, 2, 8):
         scores = h.view(32, 16, 8)[..., :r].sum(-1)
         assert (scores == 0).sum(-1).max() > 4  # more than 4 chunks tie at zero for some token
-        assert torch.equal(_keep(chunk_choice(x, w1, b1, 16, 8, r), 128, 8), score_units_loop(h, 16, 8, r))
+        assert torch.equal(choice_mask(chunk_choice(x, w1, b1, 16, 8, r), 128, 8), score_units_loop(h, 16, 8, r))
 
 
 def test_rows_are_sorted_by_chunk_and_inv_undoes_the_sort():

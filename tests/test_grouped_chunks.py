@@ -6,7 +6,7 @@ import torch
 
 from bench.grouped_chunks import grouped_ffn, main, masked_ffn, random_choice, scored_grouped_ffn
 from sparse_compile.kernels import vnm_mask
-from sparse_compile.kernels.ffn_grouped import chunk_choice
+from sparse_compile.kernels.ffn_grouped import choice_mask, chunk_choice
 
 
 @pytest.mark.parametrize("c", [4, 8])
@@ -37,7 +37,7 @@ def test_scored_choice_is_score_units_choice_and_runs_grouped(c, r):
     x, dy = torch.randn(t, d), torch.randn(t, d)
     w1, w2 = torch.randn(h, d) / d**0.5, torch.randn(d, h) / h**0.5
     choice = chunk_choice(x, w1, None, 16, c, r)
-    keep = torch.zeros(t, e, dtype=torch.bool).scatter_(1, choice, True).repeat_interleave(c, dim=1)
+    keep = choice_mask(choice, h, c)
     mask = vnm_mask(torch.relu(x @ w1.t()).square(), 1, 4, 16, c, score_units=r)
     assert torch.equal(keep, mask)
     assert not torch.equal(mask, vnm_mask(torch.relu(x @ w1.t()).square(), 1, 4, 16, c))  # r units choose otherwise

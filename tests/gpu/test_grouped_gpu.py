@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, vnm_mask
-from sparse_compile.kernels.ffn_grouped import chunk_choice, grouped_ffn_backward, grouped_ffn_forward
+from sparse_compile.kernels.ffn_grouped import choice_mask, chunk_choice, grouped_ffn_backward, grouped_ffn_forward
 from sparse_compile.planning.plan import GROUPED
 
 from .test_cuda_reference import _rel, assert_trains_like_reference, train_gpt
@@ -26,7 +26,7 @@ def test_grouped_ffn_matches_the_masked_reference_at_full_size(c, r):
     choice = chunk_choice(x, w1, b1, m, c, r)
     assert not (choice == 1).any()
     h_ref = torch.relu(torch.nn.functional.linear(x, w1, b1)) ** 2
-    keep = torch.zeros(t, h // c, dtype=torch.bool, device="cuda").scatter_(1, choice, True).repeat_interleave(c, 1)
+    keep = choice_mask(choice, h, c)
     # the same choice as the reference's mask, up to near-ties that the bf16 rounding of a different GEMM flips
     assert (keep == vnm_mask(h_ref, 1, 4, m, c, score_units=r)).all(1).float().mean() > 0.999
     _poison()
