@@ -8,6 +8,12 @@ Backward, with the masks held constant:
   dH~ = dY W2 (B1); dZ = dH~ * 2 R~ (zero where A or relu drops); dW2 = dY^T H~ (B2);
   dX = dZ W1 (B3); dW1 = dZ^T X (B4); db1 = sum_T dZ; db2 = sum_T dY.
 Only R~ is saved between the two (H~ = R~^2 and 2 R~ both come from it).
+
+Mass loss (SparsityConfig.mass_loss, lambda > 0): the gradient of L = (lambda / T) sum_t D_t / sg(S_t)
+is added to dZ, with D_t = sum over the units the pattern drops of R_tu^2 (the token's dropped mass) and
+S_t = sum_u R_tu^2 (its whole mass, held constant): dZ_tu += (lambda / T) 2 R_tu / S_t on dropped units,
+0 on kept ones. It pushes each token's mass into what its pattern keeps. The forward then saves
+R (2A - 1) in place of R~: dropped units carry -R, so R~ and the dropped R both come back from it.
 """
 
 import torch
@@ -29,8 +35,10 @@ def sqrelu_ffn_forward_ref(
     score_rows: int | None = None,
     token_extra: int = 0,
     score_units: int | None = None,
+    signed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, d] -> (y [T, d_out], r_masked [T, h]); ``pattern`` is (V, N, M) or None (dense H), kept
+    """x [T, d] -> (y [T, d_out], r_masked [T, h]) (with ``signed``, R (2A - 1) in place of r_masked:
+    what the mass loss's backward needs); ``pattern`` is (V, N, M) or None (dense H), kept
     in chunks of ``chunk`` hidden units, causal over sequences of ``seq`` tokens when given (scored
     on the last ``score_rows`` rows of the previous block when given), and each token's own
     ``token_extra`` largest units outside that kept as well (activation_mask.with_token_extra); chunks
@@ -39,8 +47,8 @@ def sqrelu_ffn_forward_ref(
     h = r * r
     if pattern is not None:
         keep = with_token_extra(h, vnm_mask(h, *pattern, chunk, seq, score_rows, score_units), token_extra)
-        r = r * keep
         h = h * keep
+        r = torch.where(keep, r, -r) if signed else r * keep
     return F.linear(h, w2, b2), r
 
 
@@ -52,14 +60,31 @@ def sqrelu_ffn_backward_ref(
     r_masked: torch.Tensor,
     weight_grad: tuple[int, int, int] | None = None,
     dense_frac: float = 0.0,
+    mass_loss: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
-    with ``weight_grad`` (V, N, M), dw1 and dw2 are the token-dim approximation (weight_grad_approx.py)."""
+    with ``weight_grad`` (V, N, M), dw1 and dw2 are the token-dim approximation (weight_grad_approx.py);
+    with ``mass_loss`` lambda > 0, ``r_masked`` is the forward's signed R and dZ gains the mass loss's
+    gradient (module docstring)."""
+    aux = None
+    if mass_loss:
+        r_masked, aux = mass_loss_grad(r_masked, mass_loss)
     h = r_masked * r_masked
     dh = dy @ w2
-    dz = (dh.float() * (2.0 * r_masked.float())).to(dy.dtype)  # d/dz relu(z)^2 = 2 relu(z)
+    dz = dh.float() * (2.0 * r_masked.float())  # d/dz relu(z)^2 = 2 relu(z)
+    dz = (dz if aux is None else dz + aux).to(dy.dtype)
     dw1, dw2 = weight_grads(dy, x, h, dz, weight_grad, dense_frac)
     return dz @ w1, dw1, dz.sum(0), dw2, dy.sum(0)
+
+
+def mass_loss_grad(r_signed: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """r_signed = R (2A - 1) [T, h] -> (R~ [T, h], the mass loss's dZ [T, h] in float32): (lambda / T)
+    2 R / S_t on the dropped units (r_signed < 0), S_t = sum_u R_tu^2; 0 where S_t is 0."""
+    r = r_signed.float()
+    dropped = (-r).clamp_min(0.0)
+    mass = (r * r).sum(1, keepdim=True)
+    scale = (2.0 * lam / max(r.shape[0], 1)) / torch.where(mass > 0, mass, torch.ones_like(mass))
+    return r_signed.clamp_min(0), dropped * scale
 
 
 def weight_grads(

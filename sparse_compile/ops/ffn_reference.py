@@ -2,7 +2,8 @@
 
 sqrelu_ffn(x, w1, b1, w2, b2, spec) -> (y, r_masked)
     x [..., d] -> y [..., d_out] with the activation pattern of ``spec`` (kernels/ffn_reference.py);
-    r_masked [T, h] = relu(Z) * A is what backward needs (not differentiable).
+    r_masked [T, h] = relu(Z) * A is what backward needs (not differentiable); with a mass loss
+    (SparsityConfig.mass_loss), relu(Z) * (2A - 1): the dropped units' R as well, negated.
 sqrelu_ffn_backward(dy, x, w1, w2, r_masked, spec) -> (dx, dw1, db1, dw2, db2)
 A call whose token count is not a multiple of V runs its activations dense and warns once.
 """
@@ -41,7 +42,7 @@ def sqrelu_ffn(
     seq = causal_seq(op, x) if pattern is not None else None
     w1, b1, w2 = permuted_weights(op, pattern, x2, w1, b1, w2)
     y, r_masked = sqrelu_ffn_forward_ref(
-        x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score_rows, op.token_extra, op.score_units
+        x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score_rows, op.token_extra, op.score_units, op.mass_loss > 0
     )
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
@@ -59,7 +60,9 @@ def sqrelu_ffn_backward(
     op = parse_spec(spec)
     perm = site_perm(op, activation_pattern_for(op, math.prod(dy.shape[:-1])), x.device)
     dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2, perm)
-    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(dy2, x2, w1c, w2c, r_masked, op.weight_grad, op.dense_frac)
+    dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
+        dy2, x2, w1c, w2c, r_masked, op.weight_grad, op.dense_frac, op.mass_loss
+    )
     dw1, db1, dw2 = unit_perms.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 

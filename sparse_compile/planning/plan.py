@@ -96,6 +96,8 @@ def plan_kernels(
         return _reference(device.type)
     if config.token_extra:
         return _reference(device.type, f"token_extra={config.token_extra}: no fast kernel takes per-token extra units")
+    if config.mass_loss:
+        return _reference(device.type, f"mass_loss={config.mass_loss:g}: its gradient needs H in full (F1 dense)")
     pattern = config.activation_pattern
     if pattern is not None and pattern[0] == 1 and config.chunk > 1:
         return _plan_grouped(device, dtype, config, d, d_out)

@@ -1,0 +1,115 @@
+"""SparsityConfig.mass_loss: the gradient of lambda * mean_t(dropped mass / whole mass) added in the backward.
+
+The reference kernels' gradients against autograd of the written-out loss, the forward unchanged, the
+compiled model against an eager model with the loss, the plan and report, and the config errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparse_compile import SparsityConfig, compile_reports
+from sparse_compile.kernels import vnm_mask
+from sparse_compile.kernels.ffn_reference import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+
+from .oracle import oracle_keep
+from .test_backend import Stack, grads
+
+# (pattern, chunk, causal sequence length, score_units): per-token chunks, a causal block pattern, scored chunks
+PATTERNS = [((1, 4, 16), 4, None, None), ((16, 2, 8), 1, 32, None), ((1, 4, 8), 8, None, 3)]
+
+
+def mass_term(h: torch.Tensor, keep: torch.Tensor, lam: float) -> torch.Tensor:
+    """lambda * mean over tokens of sum_dropped H / sum H, the whole mass held constant (its definition)."""
+    whole = h.sum(1).detach()
+    dropped = (h * ~keep).sum(1)
+    return lam * torch.where(whole > 0, dropped / torch.where(whole > 0, whole, 1.0), 0.0).mean()
+
+
+@pytest.mark.parametrize(("pattern", "chunk", "seq", "units"), PATTERNS, ids=["tokens", "causal-blocks", "scored"])
+@pytest.mark.parametrize("lam", [0.05, 3.0])
+def test_backward_is_the_gradient_of_the_loss_plus_the_mass_term(pattern, chunk, seq, units, lam):
+    g = torch.Generator().manual_seed(int(lam * 100) + chunk)
+    t, d, h = 64, 24, 256
+    x, dy = torch.randn(t, d, generator=g, dtype=torch.float64), torch.randn(t, 20, generator=g, dtype=torch.float64)
+    w1 = torch.randn(h, d, generator=g, dtype=torch.float64) / 5
+    b1 = torch.randn(h, generator=g, dtype=torch.float64) / 5
+    w2 = torch.randn(20, h, generator=g, dtype=torch.float64) / 16
+    y, signed = sqrelu_ffn_forward_ref(x, w1, b1, w2, None, pattern, chunk, seq, None, 0, units, signed=True)
+    dx, dw1, db1, dw2, _ = sqrelu_ffn_backward_ref(dy, x, w1, w2, signed, mass_loss=lam)
+
+    leaves = [p.clone().requires_grad_(True) for p in (x, w1, b1, w2)]
+    xl, w1l, b1l, w2l = leaves
+    hh = torch.relu(F.linear(xl, w1l, b1l)) ** 2
+    keep = vnm_mask(hh.detach(), *pattern, chunk, seq, score_units=units)
+    y_ref = F.linear(hh * keep, w2l)
+    ((y_ref * dy).sum() + mass_term(hh, keep, lam)).backward()
+    torch.testing.assert_close(y, y_ref.detach(), rtol=1e-12, atol=1e-12)
+    for got, ref in zip((dx, dw1, db1, dw2), leaves, strict=True):
+        torch.testing.assert_close(got, ref.grad, rtol=1e-6, atol=1e-6)  # the mass term runs in float32
+
+    _, plain = sqrelu_ffn_forward_ref(x, w1, b1, w2, None, pattern, chunk, seq, None, 0, units)
+    assert torch.equal(signed.clamp_min(0), plain) and (signed < 0).any()  # R~, and the dropped R negated
+    without = sqrelu_ffn_backward_ref(dy, x, w1, w2, plain)
+    assert (without[1] - dw1).abs().max() > 1e-3 * lam  # the term moves W1's gradient
+    assert torch.equal(without[3], dw2)  # and only through dZ: W2 sees the kept H alone
+
+
+def test_tokens_with_no_mass_get_no_gradient():
+    signed = torch.zeros(4, 32)
+    signed[1, :8] = -torch.rand(8) - 0.1  # a token whose mass is all dropped
+    signed[2, 8:16] = torch.rand(8) + 0.1  # one whose mass is all kept
+    from sparse_compile.kernels.ffn_reference import mass_loss_grad
+
+    kept, dz = mass_loss_grad(signed, 1.0)
+    assert torch.equal(kept, signed.clamp_min(0)) and torch.isfinite(dz).all()
+    assert dz[[0, 2, 3]].abs().sum() == 0 and (dz[1, :8] > 0).all()
+
+
+def test_compiled_model_matches_an_eager_model_with_the_term():
+    """Stack (two residual FFNs) compiled with mass_loss against eager masked math plus each site's term."""
+    options = {"activations": "1:4:8", "chunk": 4, "score_units": 2, "mass_loss": 0.7}
+    config = SparsityConfig(**options)
+    model, ref = Stack(), Stack()
+    x, gy = torch.randn(2, 32, 32), torch.randn(2, 32, 32)
+    out = torch.compile(model, backend="sparse", options=options)(x)
+    (out * gy).sum().backward()
+    h_in, term = x, 0.0
+    for b in ref.blocks:
+        hh = torch.relu(b.fc(h_in)) ** 2
+        h2 = hh.reshape(-1, hh.shape[-1])
+        keep = oracle_keep(h2.detach(), config, None)
+        term = term + mass_term(h2, keep, config.mass_loss)
+        h_in = h_in + b.proj((h2 * keep).reshape(hh.shape))
+    ((h_in * gy).sum() + term).backward()
+    torch.testing.assert_close(out, h_in, rtol=1e-5, atol=1e-5)
+    for k, g in grads(ref).items():
+        torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-5, msg=k)
+    report = compile_reports()[-1]
+    assert [s.kernel for s in report.sparse_sites] == ["reference", "reference"]
+    assert "mass_loss=0.7" in str(report)
+
+
+def test_the_grouped_path_is_not_taken():
+    from sparse_compile.planning.plan import plan_kernels
+
+    config = SparsityConfig(activations="1:4:16", chunk=256, score_units=16, mass_loss=0.01, kernels="triton")
+    plan = plan_kernels(torch.device("cpu"), torch.bfloat16, 4096, config, 1024, 4096, 1024)
+    assert plan.kernel == "reference" and plan.why == "mass_loss=0.01: its gradient needs H in full (F1 dense)"
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"activations": "16:2:8", "mass_loss": -0.1}, r"mass_loss=-0.1: expected a finite float >= 0"),
+        ({"activations": "16:2:8", "mass_loss": float("inf")}, r"mass_loss=inf: expected a finite float >= 0"),
+        ({"activations": "16:2:8", "mass_loss": float("nan")}, r"mass_loss=nan: expected a finite float >= 0"),
+        ({"activations": "16:2:8", "mass_loss": "0.1"}, r"mass_loss='0.1': expected a finite float >= 0"),
+        ({"activations": "16:2:8", "mass_loss": True}, r"mass_loss=True: expected a finite float >= 0"),
+        ({"activations": "2:4", "mass_loss": 0.1}, r"mass_loss=0.1 needs V:N:M activations .*'2:4'"),
+        ({"weights": "2:4", "mass_loss": 0.1}, r"mass_loss=0.1 needs V:N:M activations .*None"),
+        ({"activations": "16:4:8", "chunk": 16, "routes": 4, "mass_loss": 0.1}, r"mass_loss=0.1 needs .*routes=4"),
+    ],
+)
+def test_config_errors_name_the_value(fields, match):
+    with pytest.raises(ValueError, match=match):
+        SparsityConfig(**fields)
