@@ -12,8 +12,11 @@ Only R~ is saved between the two (H~ = R~^2 and 2 R~ both come from it).
 Mass loss (SparsityConfig.mass_loss, lambda > 0): the gradient of L = (lambda / T) sum_t D_t / sg(S_t)
 is added to dZ, with D_t = sum over the units the pattern drops of R_tu^2 (the token's dropped mass) and
 S_t = sum_u R_tu^2 (its whole mass, held constant): dZ_tu += (lambda / T) 2 R_tu / S_t on dropped units,
-0 on kept ones. It pushes each token's mass into what its pattern keeps. The forward then saves
-R (2A - 1) in place of R~: dropped units carry -R, so R~ and the dropped R both come back from it.
+0 on kept ones. It pushes each token's mass into what its pattern keeps. The push grows as a token's
+mass shrinks (up to (lambda / T) 2 / sqrt(S_t) on a unit that holds all of it), and it is added to dZ
+as it is: a loss scale on dY (GradScaler's s, a loss divided over k accumulation steps) scales the
+rest of dZ and not this term, so the effective lambda becomes lambda / s or k lambda. The forward
+then saves R (2A - 1) in place of R~: dropped units carry -R, so R~ and the dropped R both come back.
 """
 
 import torch
@@ -78,9 +81,9 @@ def sqrelu_ffn_backward_ref(
 
 
 def mass_loss_grad(r_signed: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """r_signed = R (2A - 1) [T, h] -> (R~ [T, h], the mass loss's dZ [T, h] in float32): (lambda / T)
-    2 R / S_t on the dropped units (r_signed < 0), S_t = sum_u R_tu^2; 0 where S_t is 0."""
-    r = r_signed.float()
+    """r_signed = R (2A - 1) [T, h] -> (R~ [T, h], the mass loss's dZ [T, h] in float32 or wider):
+    (lambda / T) 2 R / S_t on the dropped units (r_signed < 0), S_t = sum_u R_tu^2; 0 where S_t is 0."""
+    r = r_signed.to(torch.promote_types(r_signed.dtype, torch.float32))
     dropped = (-r).clamp_min(0.0)
     mass = (r * r).sum(1, keepdim=True)
     scale = (2.0 * lam / max(r.shape[0], 1)) / torch.where(mass > 0, mass, torch.ones_like(mass))

@@ -166,13 +166,15 @@ class SparsityConfig:
         Z (kernels/activation_mask.py). It runs where its pattern runs: on grouped GEMMs for chunks
         of 256 units and more (F1 on those r units first), else on the reference. None (default):
         every unit scores its chunk (the token's whole H; on grouped GEMMs, F1 in full first).
-    mass_loss: lambda >= 0. With V:N:M activations (routes None): in the sparse phase, each token's
+    mass_loss: lambda >= 0. With an activation pattern (routes None): in the sparse phase, each token's
         H on the units its pattern drops is pushed toward 0 by the gradient of lambda times the mean over
         tokens of its dropped fraction of mass, sum_dropped H / sum H (the denominator held constant;
-        kernels/ffn_reference.py), added in the backward of every site: a loss that moves the mass to
-        where the pattern sends it, not reported in the training loss. It needs H in full, so the
-        reference runs it (F1 dense): a measure of what such a loss buys, not a speed option. 0 (default):
-        none.
+        kernels/ffn_reference.py), added in the backward of every site that runs sparse: a loss that moves
+        the mass to where the pattern sends it, not reported in the training loss. The term is added to dZ
+        as it is, so a loss scale (GradScaler, a loss divided over accumulation steps) changes its weight
+        against the loss's gradient; a token with little mass gets a strong push. It needs H in full, so
+        the reference runs it (F1 dense): a measure of what such a loss buys, not a speed option; the size
+        rule (small_ffn) treats its sites as the pattern's fast path. 0 (default): none.
     kernels: "auto" (the fast kernels where they apply, each gather GEMM measured against cuBLAS at
         compile time; per-token chunks on grouped GEMMs from 256 units; else the reference;
         sparse_compile/planning/plan.py), "reference" (pure torch) or "triton" (the fast path wherever
@@ -262,10 +264,10 @@ class SparsityConfig:
                 f"SparsityConfig.score_units={self.score_units} needs per-token chunks (1:4:M activations, chunk > 1) "
                 f"and an int in [1, chunk - 1]; got activations={self.activations!r}, chunk={self.chunk}"
             )
-        if self.mass_loss and (self.activation_pattern in (None, (1, 2, 4)) or self.routes is not None):
+        if self.mass_loss and (self.activations is None or self.routes is not None):
             raise ValueError(
-                f"SparsityConfig.mass_loss={self.mass_loss!r} needs V:N:M activations (units for the pattern to "
-                f"drop) and routes=None; got activations={self.activations!r}, routes={self.routes!r}"
+                f"SparsityConfig.mass_loss={self.mass_loss!r} needs an activation pattern (units for it to drop) "
+                f"and routes=None; got activations={self.activations!r}, routes={self.routes!r}"
             )
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(

@@ -3,19 +3,24 @@
 The reference kernels' gradients against autograd of the written-out loss, the forward unchanged, the
 compiled model against an eager model with the loss, the plan and report, and the config errors."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.kernels import vnm_mask
-from sparse_compile.kernels.ffn_reference import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+from sparse_compile.kernels.ffn_reference import mass_loss_grad, sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+from sparse_compile.planning.plan import plan_kernels
 
 from .oracle import oracle_keep
 from .test_backend import Stack, grads
+from .test_causal import _FFN
 
 # (pattern, chunk, causal sequence length, score_units): per-token chunks, a causal block pattern, scored chunks
-PATTERNS = [((1, 4, 16), 4, None, None), ((16, 2, 8), 1, 32, None), ((1, 4, 8), 8, None, 3)]
+PATTERNS = [((1, 4, 16), 4, None, None), ((16, 2, 8), 1, 32, None), ((1, 4, 8), 8, None, 3), ((1, 2, 4), 1, None, None)]
 
 
 def mass_term(h: torch.Tensor, keep: torch.Tensor, lam: float) -> torch.Tensor:
@@ -25,7 +30,9 @@ def mass_term(h: torch.Tensor, keep: torch.Tensor, lam: float) -> torch.Tensor:
     return lam * torch.where(whole > 0, dropped / torch.where(whole > 0, whole, 1.0), 0.0).mean()
 
 
-@pytest.mark.parametrize(("pattern", "chunk", "seq", "units"), PATTERNS, ids=["tokens", "causal-blocks", "scored"])
+@pytest.mark.parametrize(
+    ("pattern", "chunk", "seq", "units"), PATTERNS, ids=["tokens", "causal-blocks", "scored", "2:4"]
+)
 @pytest.mark.parametrize("lam", [0.05, 3.0])
 def test_backward_is_the_gradient_of_the_loss_plus_the_mass_term(pattern, chunk, seq, units, lam):
     g = torch.Generator().manual_seed(int(lam * 100) + chunk)
@@ -45,7 +52,7 @@ def test_backward_is_the_gradient_of_the_loss_plus_the_mass_term(pattern, chunk,
     ((y_ref * dy).sum() + mass_term(hh, keep, lam)).backward()
     torch.testing.assert_close(y, y_ref.detach(), rtol=1e-12, atol=1e-12)
     for got, ref in zip((dx, dw1, db1, dw2), leaves, strict=True):
-        torch.testing.assert_close(got, ref.grad, rtol=1e-6, atol=1e-6)  # the mass term runs in float32
+        torch.testing.assert_close(got, ref.grad, rtol=1e-6, atol=1e-6)  # dZ's product runs in float32
 
     _, plain = sqrelu_ffn_forward_ref(x, w1, b1, w2, None, pattern, chunk, seq, None, 0, units)
     assert torch.equal(signed.clamp_min(0), plain) and (signed < 0).any()  # R~, and the dropped R negated
@@ -54,15 +61,41 @@ def test_backward_is_the_gradient_of_the_loss_plus_the_mass_term(pattern, chunk,
     assert torch.equal(without[3], dw2)  # and only through dZ: W2 sees the kept H alone
 
 
-def test_tokens_with_no_mass_get_no_gradient():
-    signed = torch.zeros(4, 32)
-    signed[1, :8] = -torch.rand(8) - 0.1  # a token whose mass is all dropped
-    signed[2, 8:16] = torch.rand(8) + 0.1  # one whose mass is all kept
-    from sparse_compile.kernels.ffn_reference import mass_loss_grad
-
+def test_the_term_per_token_zero_kept_and_tiny_mass():
+    """Zero-mass tokens and all-kept tokens get nothing; a token with tiny mass gets (lambda / T) 2 R / S_t, large
+    but finite (the definition, not clipped)."""
+    signed = torch.zeros(4, 32, dtype=torch.float64)
+    signed[1, :8] = -torch.rand(8, dtype=torch.float64) - 0.1  # a token whose mass is all dropped
+    signed[2, 8:16] = torch.rand(8, dtype=torch.float64) + 0.1  # one whose mass is all kept
+    signed[3, 20] = -1e-4  # one whose only, dropped, unit is tiny
     kept, dz = mass_loss_grad(signed, 1.0)
     assert torch.equal(kept, signed.clamp_min(0)) and torch.isfinite(dz).all()
-    assert dz[[0, 2, 3]].abs().sum() == 0 and (dz[1, :8] > 0).all()
+    assert dz[[0, 2]].abs().sum() == 0 and (dz[1, :8] > 0).all()
+    torch.testing.assert_close(dz[1, :8], 2 * signed[1, :8].abs() / (signed[1] ** 2).sum() / 4)
+    assert dz[3, 20].item() == pytest.approx(2 / 1e-4 / 4) and dz[3].count_nonzero() == 1
+
+
+def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows():
+    """permute: after a re-clustering the site keeps chunks of its fitted permutation; the compiled model's gradients
+    equal eager math with that permutation's mask (scattered back to the units' own order) plus the term."""
+    options = {"activations": "1:4:8", "chunk": 4, "permute": True, "mass_loss": 0.5}
+    model = _FFN()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="sparse", options=options)
+    x, gy = torch.randn(2, 32, 32), torch.randn(2, 32, 32)
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x)
+    assert len(sparse_compile.recluster()) == 1
+    (perm,) = sparse_compile.unit_permutations().values()
+    assert not torch.equal(perm.cpu(), torch.arange(128))
+    (compiled(x) * gy).sum().backward()
+    h = (torch.relu(ref.fc(x)) ** 2).reshape(-1, 128)
+    keep = torch.empty_like(h, dtype=torch.bool)
+    keep[:, perm] = vnm_mask(h[:, perm].detach(), 1, 4, 8, 4)
+    y = ref.proj((h * keep).reshape(2, 32, 128))
+    ((y * gy).sum() + mass_term(h, keep, 0.5)).backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_compiled_model_matches_an_eager_model_with_the_term():
@@ -90,11 +123,15 @@ def test_compiled_model_matches_an_eager_model_with_the_term():
 
 
 def test_the_grouped_path_is_not_taken():
-    from sparse_compile.planning.plan import plan_kernels
-
     config = SparsityConfig(activations="1:4:16", chunk=256, score_units=16, mass_loss=0.01, kernels="triton")
     plan = plan_kernels(torch.device("cpu"), torch.bfloat16, 4096, config, 1024, 4096, 1024)
     assert plan.kernel == "reference" and plan.why == "mass_loss=0.01: its gradient needs H in full (F1 dense)"
+    both = SparsityConfig(activations="16:4:8", chunk=16, causal=True, token_extra=2, mass_loss=0.1, kernels="triton")
+    why = plan_kernels(torch.device("cpu"), torch.float16, 256, both).why
+    assert why == (
+        "token_extra=2: no fast kernel takes per-token extra units; "
+        "mass_loss=0.1: its gradient needs H in full (F1 dense)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -105,8 +142,7 @@ def test_the_grouped_path_is_not_taken():
         ({"activations": "16:2:8", "mass_loss": float("nan")}, r"mass_loss=nan: expected a finite float >= 0"),
         ({"activations": "16:2:8", "mass_loss": "0.1"}, r"mass_loss='0.1': expected a finite float >= 0"),
         ({"activations": "16:2:8", "mass_loss": True}, r"mass_loss=True: expected a finite float >= 0"),
-        ({"activations": "2:4", "mass_loss": 0.1}, r"mass_loss=0.1 needs V:N:M activations .*'2:4'"),
-        ({"weights": "2:4", "mass_loss": 0.1}, r"mass_loss=0.1 needs V:N:M activations .*None"),
+        ({"weights": "2:4", "mass_loss": 0.1}, r"mass_loss=0.1 needs an activation pattern .*activations=None"),
         ({"activations": "16:4:8", "chunk": 16, "routes": 4, "mass_loss": 0.1}, r"mass_loss=0.1 needs .*routes=4"),
     ],
 )

@@ -43,7 +43,7 @@ def sqrelu_ffn(
     w1, b1, w2 = permuted_weights(op, pattern, x2, w1, b1, w2)
     y, r_masked = sqrelu_ffn_forward_ref(
         x2, w1, b1, w2, b2, pattern, op.chunk, seq, op.score_rows, op.token_extra, op.score_units, op.mass_loss > 0
-    )
+    )  # the last: signed R for the mass loss's backward
     return y.reshape(*x.shape[:-1], w2.shape[0]), r_masked
 
 

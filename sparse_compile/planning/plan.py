@@ -94,10 +94,12 @@ def plan_kernels(
         return _plan_routed(device, dtype, config)
     if config.kernels == "reference":
         return _reference(device.type)
-    if config.token_extra:
-        return _reference(device.type, f"token_extra={config.token_extra}: no fast kernel takes per-token extra units")
-    if config.mass_loss:
-        return _reference(device.type, f"mass_loss={config.mass_loss:g}: its gradient needs H in full (F1 dense)")
+    why = "; ".join(
+        [f"token_extra={config.token_extra}: no fast kernel takes per-token extra units"] * bool(config.token_extra)
+        + [f"mass_loss={config.mass_loss:g}: its gradient needs H in full (F1 dense)"] * bool(config.mass_loss)
+    )
+    if why:
+        return _reference(device.type, why)
     pattern = config.activation_pattern
     if pattern is not None and pattern[0] == 1 and config.chunk > 1:
         return _plan_grouped(device, dtype, config, d, d_out)
