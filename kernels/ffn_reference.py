@@ -17,6 +17,8 @@ mass shrinks (up to (lambda / T) 2 / sqrt(S_t) on a unit that holds all of it), 
 as it is: a loss scale on dY (GradScaler's s, a loss divided over k accumulation steps) scales the
 rest of dZ and not this term, so the effective lambda becomes lambda / s or k lambda. The forward
 then saves R (2A - 1) in place of R~: dropped units carry -R, so R~ and the dropped R both come back.
+On a sample of rows (``mass_rows``, n of the T) the term is (lambda / n) sum over the sample instead,
+the same mean: what a kernel with H in full on those rows alone could add.
 """
 
 import torch
@@ -64,14 +66,15 @@ def sqrelu_ffn_backward_ref(
     weight_grad: tuple[int, int, int] | None = None,
     dense_frac: float = 0.0,
     mass_loss: float = 0.0,
+    mass_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
     with ``weight_grad`` (V, N, M), dw1 and dw2 are the token-dim approximation (weight_grad_approx.py);
     with ``mass_loss`` lambda > 0, ``r_masked`` is the forward's signed R and dZ gains the mass loss's
-    gradient (module docstring)."""
+    gradient (module docstring), on the rows of ``mass_rows`` (bool [T]) alone when given."""
     aux = None
     if mass_loss:
-        r_masked, aux = mass_loss_grad(r_masked, mass_loss)
+        r_masked, aux = mass_loss_grad(r_masked, mass_loss, mass_rows)
     h = r_masked * r_masked
     dh = dy @ w2
     dz = dh.float() * (2.0 * r_masked.float())  # d/dz relu(z)^2 = 2 relu(z)
@@ -80,13 +83,20 @@ def sqrelu_ffn_backward_ref(
     return dz @ w1, dw1, dz.sum(0), dw2, dy.sum(0)
 
 
-def mass_loss_grad(r_signed: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def mass_loss_grad(
+    r_signed: torch.Tensor, lam: float, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """r_signed = R (2A - 1) [T, h] -> (R~ [T, h], the mass loss's dZ [T, h] in float32 or wider):
-    (lambda / T) 2 R / S_t on the dropped units (r_signed < 0), S_t = sum_u R_tu^2; 0 where S_t is 0."""
+    (lambda / T) 2 R / S_t on the dropped units (r_signed < 0), S_t = sum_u R_tu^2; 0 where S_t is 0.
+    With ``rows`` (bool [T], n of them true): (lambda / n) 2 R / S_t on those rows, 0 on the others."""
     r = r_signed.to(torch.promote_types(r_signed.dtype, torch.float32))
     dropped = (-r).clamp_min(0.0)
     mass = (r * r).sum(1, keepdim=True)
-    scale = (2.0 * lam / max(r.shape[0], 1)) / torch.where(mass > 0, mass, torch.ones_like(mass))
+    if rows is None:
+        scale = (2.0 * lam / max(r.shape[0], 1)) / torch.where(mass > 0, mass, torch.ones_like(mass))
+    else:  # n as a tensor: no wait on the host
+        n = rows.sum(dtype=r.dtype).clamp_min(1.0)
+        scale = (2.0 * lam) * rows[:, None].to(r.dtype) / (n * torch.where(mass > 0, mass, torch.ones_like(mass)))
     return r_signed.clamp_min(0), dropped * scale
 
 

@@ -30,6 +30,7 @@ def op_spec(config, plan=None, units: str | None = None) -> str:
         + (f";token_extra={config.token_extra}" if config.token_extra else "")
         + (f";score_units={config.score_units}" if config.score_units is not None else "")
         + (f";mass_loss={float(config.mass_loss)!r}" if config.mass_loss else "")
+        + (f";mass_loss_rows={config.mass_loss_rows}" if config.mass_loss_rows != "all" else "")
     )
     if plan is not None:
         spec += "" if plan.f1_alg is None else f";f1_alg={plan.f1_alg}"

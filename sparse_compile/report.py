@@ -220,6 +220,7 @@ class Report:
             + (f", token_extra={c.token_extra}" if c.token_extra else "")
             + (f", score_units={c.score_units}" if c.score_units is not None else "")
             + (f", mass_loss={c.mass_loss:g}" if c.mass_loss else "")
+            + (f" on {c.mass_loss_rows} rows" if c.mass_loss_rows != "all" else "")
             + (f", routes={c.routes}, router={c.router}" if c.routes is not None else "")
             + (f", weight_copies={c.weight_copies}" if c.weight_copies != "keep" else "")
             + f", weight_grad={c.weight_grad}, kernels={c.kernels})"

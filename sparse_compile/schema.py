@@ -98,6 +98,7 @@ FIELD_CHECKS = {
     "score_units": (lambda v: v is None or (_is_int(v) and v >= 1), "None or an int >= 1 (units per chunk)"),
     "router": (lambda v: v in ROUTERS, " or ".join(map(repr, ROUTERS))),
     "mass_loss": (lambda v: _is_number(v) and 0.0 <= v < float("inf"), "a finite float >= 0"),
+    "mass_loss_rows": (lambda v: v in ("all", "scoring"), "'all' or 'scoring'"),
 }
 
 
@@ -175,6 +176,9 @@ class SparsityConfig:
         against the loss's gradient; a token with little mass gets a strong push. It needs H in full, so
         the reference runs it (F1 dense): a measure of what such a loss buys, not a speed option; the size
         rule (small_ffn) treats its sites as the pattern's fast path. 0 (default): none.
+    mass_loss_rows: "all" (default) or "scoring": the term on the last score_rows rows of every block
+        alone (the rows whose H the chunked fast path computes in full), weighted 1 / their count so
+        its mean is the same: a measure of what a kernel restricted to those rows would keep.
     kernels: "auto" (the fast kernels where they apply, each gather GEMM measured against cuBLAS at
         compile time; per-token chunks on grouped GEMMs from 256 units; else the reference;
         sparse_compile/planning/plan.py), "reference" (pure torch) or "triton" (the fast path wherever
@@ -212,6 +216,7 @@ class SparsityConfig:
     router: str = DEFAULT_ROUTER
     score_units: int | None = None
     mass_loss: float = 0.0
+    mass_loss_rows: str = "all"
 
     def __post_init__(self) -> None:
         for name, (valid, expected) in FIELD_CHECKS.items():  # each field alone, then how they combine
@@ -268,6 +273,11 @@ class SparsityConfig:
             raise ValueError(
                 f"SparsityConfig.mass_loss={self.mass_loss!r} needs an activation pattern (units for it to drop) "
                 f"and routes=None; got activations={self.activations!r}, routes={self.routes!r}"
+            )
+        if self.mass_loss_rows == "scoring" and not (self.mass_loss and self.score_rows is not None):
+            raise ValueError(
+                f"SparsityConfig.mass_loss_rows='scoring' needs mass_loss > 0 and score_rows (each block's scoring "
+                f"rows); got mass_loss={self.mass_loss!r}, score_rows={self.score_rows!r}"
             )
         if self.weight_copies == "recompute" and self.weights is not None:
             raise ValueError(

@@ -75,6 +75,45 @@ def test_the_term_per_token_zero_kept_and_tiny_mass():
     assert dz[3, 20].item() == pytest.approx(2 / 1e-4 / 4) and dz[3].count_nonzero() == 1
 
 
+def test_on_sampled_rows_the_term_is_their_mean():
+    """rows: (lambda / n) 2 R / S_t on the n sampled rows, 0 elsewhere; autograd of lambda * their mean dropped
+    share."""
+    g = torch.Generator().manual_seed(9)
+    r = torch.relu(torch.randn(48, 64, generator=g, dtype=torch.float64))
+    keep = vnm_mask(r * r, 16, 4, 16, 4, 48, 8)  # causal blocks of 16 in chunks of 4, scored on 8 rows
+    rows = torch.arange(48) % 16 >= 8
+    _, dz = mass_loss_grad(torch.where(keep, r, -r), 0.7, rows)
+    z = r.clone().requires_grad_(True)
+    h = torch.relu(z) ** 2
+    mass_term(h[rows], keep[rows], 0.7).backward()
+    torch.testing.assert_close(dz, z.grad, rtol=1e-12, atol=1e-12)
+    assert dz[~rows].abs().sum() == 0 and dz[rows].abs().sum() > 0
+
+
+def test_compiled_model_on_scoring_rows_matches_eager_math():
+    """mass_loss_rows='scoring': the compiled Stack against eager math with each site's term over the last
+    score_rows rows of every block."""
+    options = {"activations": "16:4:8", "chunk": 4, "causal": True, "score_rows": 4, "mass_loss": 0.5,
+               "mass_loss_rows": "scoring"}  # fmt: skip
+    config = SparsityConfig(**options)
+    model, ref = Stack(), Stack()
+    x, gy = torch.randn(2, 32, 32), torch.randn(2, 32, 32)
+    out = torch.compile(model, backend="sparse", options=options)(x)
+    (out * gy).sum().backward()
+    rows = torch.arange(64) % 16 >= 12
+    h_in, term = x, 0.0
+    for b in ref.blocks:
+        hh = torch.relu(b.fc(h_in)) ** 2
+        h2 = hh.reshape(-1, hh.shape[-1])
+        keep = oracle_keep(h2.detach(), config, 32)
+        term = term + mass_term(h2[rows], keep[rows], config.mass_loss)
+        h_in = h_in + b.proj((h2 * keep).reshape(hh.shape))
+    ((h_in * gy).sum() + term).backward()
+    for k, g in grads(ref).items():
+        torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-5, msg=k)
+    assert "mass_loss=0.5 on scoring rows" in str(compile_reports()[-1])
+
+
 def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows():
     """permute: after a re-clustering the site keeps chunks of its fitted permutation; the compiled model's gradients
     equal eager math with that permutation's mask (scattered back to the units' own order) plus the term."""
@@ -144,6 +183,9 @@ def test_the_grouped_path_is_not_taken():
         ({"activations": "16:2:8", "mass_loss": True}, r"mass_loss=True: expected a finite float >= 0"),
         ({"weights": "2:4", "mass_loss": 0.1}, r"mass_loss=0.1 needs an activation pattern .*activations=None"),
         ({"activations": "16:4:8", "chunk": 16, "routes": 4, "mass_loss": 0.1}, r"mass_loss=0.1 needs .*routes=4"),
+        ({"activations": "16:2:8", "mass_loss": 0.1, "mass_loss_rows": "some"}, r"mass_loss_rows='some': expected"),
+        ({"activations": "16:2:8", "causal": True, "mass_loss_rows": "scoring"}, r"needs mass_loss > 0 and score_rows"),
+        ({"activations": "16:2:8", "mass_loss": 0.1, "mass_loss_rows": "scoring"}, r"score_rows=None"),
     ],
 )
 def test_config_errors_name_the_value(fields, match):

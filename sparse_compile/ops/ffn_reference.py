@@ -15,6 +15,7 @@ import torch
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
 from sparse_compile.ops import unit_perms
 from sparse_compile.ops.spec import (
+    OpSpec,
     activation_pattern_for,
     backward_operands,
     causal_seq,
@@ -60,11 +61,22 @@ def sqrelu_ffn_backward(
     op = parse_spec(spec)
     perm = site_perm(op, activation_pattern_for(op, math.prod(dy.shape[:-1])), x.device)
     dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2, perm)
+    rows = scoring_rows(op, dy2.shape[0], dy.device) if op.mass_loss_rows == "scoring" else None
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
-        dy2, x2, w1c, w2c, r_masked, op.weight_grad, op.dense_frac, op.mass_loss
+        dy2, x2, w1c, w2c, r_masked, op.weight_grad, op.dense_frac, op.mass_loss, rows
     )
     dw1, db1, dw2 = unit_perms.unpermute(dw1, db1, dw2, perm)
     return dx.reshape(x.shape), dw1, db1, dw2, db2
+
+
+def scoring_rows(op: OpSpec, tokens: int, device: torch.device) -> torch.Tensor | None:
+    """bool [T]: the last score_rows rows of every V-token block, the rows whose H the chunked fast path
+    computes in full (SparsityConfig.mass_loss_rows='scoring'); None where the call ran dense (T not a
+    multiple of V)."""
+    if activation_pattern_for(op, tokens) is None:
+        return None
+    v = op.activations[0]
+    return torch.arange(tokens, device=device) % v >= v - op.score_rows
 
 
 @sqrelu_ffn_backward.register_fake

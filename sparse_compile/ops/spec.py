@@ -37,6 +37,7 @@ class OpSpec:
     token_extra: int = 0  # each token's own largest units outside the block's choice, kept too (reference)
     score_units: int | None = None  # per-token chunks: ranked on each chunk's first r units
     mass_loss: float = 0.0  # lambda of the dropped-mass loss's gradient (reference; kernels/ffn_reference.py)
+    mass_loss_rows: str = "all"  # "scoring": the term on each block's scoring rows alone
 
 
 @functools.cache
@@ -73,6 +74,7 @@ def parse_spec(spec: str) -> OpSpec:
         token_extra=int(fields.get("token_extra", 0)),
         score_units=int(fields["score_units"]) if "score_units" in fields else None,
         mass_loss=float(fields.get("mass_loss", 0.0)),
+        mass_loss_rows=fields.get("mass_loss_rows", "all"),
     )
 
 
