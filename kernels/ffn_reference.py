@@ -18,7 +18,8 @@ as it is: a loss scale on dY (GradScaler's s, a loss divided over k accumulation
 rest of dZ and not this term, so the effective lambda becomes lambda / s or k lambda. The forward
 then saves R (2A - 1) in place of R~: dropped units carry -R, so R~ and the dropped R both come back.
 On a sample of rows (``mass_rows``, n of the T) the term is (lambda / n) sum over the sample instead,
-the same mean: what a kernel with H in full on those rows alone could add.
+a mean over those rows (lambda on the same scale; each sampled row's push T / n times as strong):
+what a kernel with H in full on those rows alone could add.
 """
 
 import torch

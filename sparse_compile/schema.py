@@ -177,8 +177,10 @@ class SparsityConfig:
         the reference runs it (F1 dense): a measure of what such a loss buys, not a speed option; the size
         rule (small_ffn) treats its sites as the pattern's fast path. 0 (default): none.
     mass_loss_rows: "all" (default) or "scoring": the term on the last score_rows rows of every block
-        alone (the rows whose H the chunked fast path computes in full), weighted 1 / their count so
-        its mean is the same: a measure of what a kernel restricted to those rows would keep.
+        and each sequence's first token alone (the rows whose H the chunked fast path computes in full,
+        where that path applies), as a mean over those rows: lambda on the same scale, each sampled
+        row's push about V / score_rows times as strong. A measure of what a kernel restricted to those
+        rows would keep.
     kernels: "auto" (the fast kernels where they apply, each gather GEMM measured against cuBLAS at
         compile time; per-token chunks on grouped GEMMs from 256 units; else the reference;
         sparse_compile/planning/plan.py), "reference" (pure torch) or "triton" (the fast path wherever

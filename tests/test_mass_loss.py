@@ -13,6 +13,7 @@ import sparse_compile
 from sparse_compile import SparsityConfig, compile_reports
 from sparse_compile.kernels import vnm_mask
 from sparse_compile.kernels.ffn_reference import mass_loss_grad, sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+from sparse_compile.ops.spec import parse_spec
 from sparse_compile.planning.plan import plan_kernels
 
 from .oracle import oracle_keep
@@ -100,7 +101,7 @@ def test_compiled_model_on_scoring_rows_matches_eager_math():
     x, gy = torch.randn(2, 32, 32), torch.randn(2, 32, 32)
     out = torch.compile(model, backend="sparse", options=options)(x)
     (out * gy).sum().backward()
-    rows = torch.arange(64) % 16 >= 12
+    rows = (torch.arange(64) % 16 >= 12) | (torch.arange(64) % 32 == 0)  # the scoring rows, each sequence's first
     h_in, term = x, 0.0
     for b in ref.blocks:
         hh = torch.relu(b.fc(h_in)) ** 2
@@ -109,9 +110,13 @@ def test_compiled_model_on_scoring_rows_matches_eager_math():
         term = term + mass_term(h2[rows], keep[rows], config.mass_loss)
         h_in = h_in + b.proj((h2 * keep).reshape(hh.shape))
     ((h_in * gy).sum() + term).backward()
+    torch.testing.assert_close(out, h_in, rtol=1e-5, atol=1e-5)
     for k, g in grads(ref).items():
         torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-5, msg=k)
     assert "mass_loss=0.5 on scoring rows" in str(compile_reports()[-1])
+    spec = "weights=none;activations=16:4:8;kernels=auto;weight_grad=dense;dense_frac=0.02;mass_loss_rows=scoring"
+    with pytest.raises(ValueError, match="mass_loss_rows='scoring'; allowed: 'all', or 'scoring' with score_rows"):
+        parse_spec(spec)
 
 
 def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows():

@@ -61,7 +61,7 @@ def sqrelu_ffn_backward(
     op = parse_spec(spec)
     perm = site_perm(op, activation_pattern_for(op, math.prod(dy.shape[:-1])), x.device)
     dy2, x2, w1c, w2c = backward_operands(dy, x, w1, w2, perm)
-    rows = scoring_rows(op, dy2.shape[0], dy.device) if op.mass_loss_rows == "scoring" else None
+    rows = scoring_rows(op, x, dy.device) if op.mass_loss_rows == "scoring" else None
     dx, dw1, db1, dw2, db2 = sqrelu_ffn_backward_ref(
         dy2, x2, w1c, w2c, r_masked, op.weight_grad, op.dense_frac, op.mass_loss, rows
     )
@@ -69,14 +69,16 @@ def sqrelu_ffn_backward(
     return dx.reshape(x.shape), dw1, db1, dw2, db2
 
 
-def scoring_rows(op: OpSpec, tokens: int, device: torch.device) -> torch.Tensor | None:
-    """bool [T]: the last score_rows rows of every V-token block, the rows whose H the chunked fast path
-    computes in full (SparsityConfig.mass_loss_rows='scoring'); None where the call ran dense (T not a
-    multiple of V)."""
+def scoring_rows(op: OpSpec, x: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """bool [T] for x [..., seq, d]: the last score_rows rows of every V-token block and each sequence's
+    first token, the rows whose H the chunked fast path computes in full where it applies
+    (kernels/chunk_score_triton.py; SparsityConfig.mass_loss_rows='scoring'); None where the call ran
+    dense (T not a multiple of V)."""
+    tokens = math.prod(x.shape[:-1])
     if activation_pattern_for(op, tokens) is None:
         return None
-    v = op.activations[0]
-    return torch.arange(tokens, device=device) % v >= v - op.score_rows
+    v, t = op.activations[0], torch.arange(tokens, device=device)
+    return (t % v >= v - op.score_rows) | (t % causal_seq(op, x) == 0)
 
 
 @sqrelu_ffn_backward.register_fake

@@ -50,6 +50,9 @@ def parse_spec(spec: str) -> OpSpec:
         raise ValueError(
             f"op spec {spec!r}: dense_gemms={fields['dense_gemms']!r}; allowed: {', '.join(GATHER_GEMMS)} joined by '+'"
         )
+    rows = fields.get("mass_loss_rows", "all")
+    if rows not in ("all", "scoring") or (rows == "scoring" and "score_rows" not in fields):
+        raise ValueError(f"op spec {spec!r}: mass_loss_rows={rows!r}; allowed: 'all', or 'scoring' with score_rows")
     router = fields.get("router", DEFAULT_ROUTER)
     if router not in ROUTERS:
         raise ValueError(f"op spec {spec!r}: router={router!r}; allowed: {', '.join(ROUTERS)}")
@@ -74,7 +77,7 @@ def parse_spec(spec: str) -> OpSpec:
         token_extra=int(fields.get("token_extra", 0)),
         score_units=int(fields["score_units"]) if "score_units" in fields else None,
         mass_loss=float(fields.get("mass_loss", 0.0)),
-        mass_loss_rows=fields.get("mass_loss_rows", "all"),
+        mass_loss_rows=rows,
     )
 
 
