@@ -93,11 +93,12 @@ def mass_loss_grad(
     r = r_signed.to(torch.promote_types(r_signed.dtype, torch.float32))
     dropped = (-r).clamp_min(0.0)
     mass = (r * r).sum(1, keepdim=True)
+    mass = torch.where(mass > 0, mass, torch.ones_like(mass))  # a token without mass has no dropped R either
     if rows is None:
-        scale = (2.0 * lam / max(r.shape[0], 1)) / torch.where(mass > 0, mass, torch.ones_like(mass))
+        scale = (2.0 * lam / max(r.shape[0], 1)) / mass
     else:  # n as a tensor: no wait on the host
         n = rows.sum(dtype=r.dtype).clamp_min(1.0)
-        scale = (2.0 * lam) * rows[:, None].to(r.dtype) / (n * torch.where(mass > 0, mass, torch.ones_like(mass)))
+        scale = (2.0 * lam) * rows[:, None].to(r.dtype) / (n * mass)
     return r_signed.clamp_min(0), dropped * scale
 
 
