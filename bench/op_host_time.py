@@ -233,14 +233,14 @@ def main(argv: list[str] | None = None) -> int:
 
     x, w1, b1, w2, b2, dy = r(b, s, d), r(h, d, scale=0.03), r(h, scale=0.1), r(d, h, scale=0.02), r(d), r(b, s, d)
     ops = torch.ops.sparse_compile
-    _, r_c, ids = ops.sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec)
+    _, r_c, ids, dz_s = ops.sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec)
     x2, dy2 = x.reshape(-1, d), dy.reshape(-1, d)
     calls = {
         "fwd op (dispatcher)": lambda: ops.sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec),
         "fwd impl (python fn)": lambda: sqrelu_ffn_vnm._init_fn(x, w1, b1, w2, b2, spec),
         "fwd kernels": lambda: sqrelu_ffn_forward_gather(x2, w1, b1, w2, b2, v, n, m, None, frozenset(), op.chunk, seq),
-        "bwd op (dispatcher)": lambda: ops.sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, spec),
-        "bwd impl (python fn)": lambda: sqrelu_ffn_vnm_backward._init_fn(dy, x, w1, w2, r_c, ids, spec),
+        "bwd op (dispatcher)": lambda: ops.sqrelu_ffn_vnm_backward(dy, x, w1, w2, r_c, ids, dz_s, spec),
+        "bwd impl (python fn)": lambda: sqrelu_ffn_vnm_backward._init_fn(dy, x, w1, w2, r_c, ids, dz_s, spec),
         "bwd kernels": lambda: sqrelu_ffn_backward_gather(dy2, x2, w1, w2, r_c, ids, v, m, chunk=op.chunk),
         f"torch.mm [{b * s},{d}]x[{d},{h}]": lambda: x2 @ w1.t(),
         "empty_like": lambda: torch.empty_like(x2),

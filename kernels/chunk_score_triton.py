@@ -75,11 +75,13 @@ def scored_ids(zs: torch.Tensor, t: int, v: int, m: int, c: int, seq: int, score
 
 def f1_scored_chunks(
     x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, v: int, m: int, c: int, seq: int, score_rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(h_c, r_c, ids) of the causal V:4:M pattern in chunks of c scored on ``score_rows`` rows, for
-    Z = x [T, d] w1 [h, d]^T + b1: as vnm_select_chunks(z, ...) returns them, without Z."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h_c, r_c, ids, z_s) of the causal V:4:M pattern in chunks of c scored on ``score_rows`` rows, for
+    Z = x [T, d] w1 [h, d]^T + b1: (h_c, r_c, ids) as vnm_select_chunks(z, ...) returns them, without Z;
+    z_s [T/V x S + T/seq, h]: Z on the scoring rows (scoring_rows' order; the scored mass loss reads it)."""
     t = x.shape[0]
-    ids = scored_ids(F.linear(scoring_rows(x, v, score_rows, seq), w1, b1), t, v, m, c, seq, score_rows)
+    z_s = F.linear(scoring_rows(x, v, score_rows, seq), w1, b1)
+    ids = scored_ids(z_s, t, v, m, c, seq, score_rows)
     h_c = torch.empty(t, ids.shape[1], device=x.device, dtype=x.dtype)
     r_c = gather_n_mm(x, w1, ids, v, chunk=c, act=True, bias=b1, square_out=h_c)
-    return h_c, r_c, ids
+    return h_c, r_c, ids, z_s

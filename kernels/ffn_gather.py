@@ -18,7 +18,9 @@ chunk_wgrad_triton.chunk_colsum over the row-tile column sums that B1's epilogue
 H~ = round(r_c^2) it wrote [T, Kc], freed before B4): no scatter, no [T, h] tensor, keep-fraction x
 the dense work;
 F2 and B1 read W2 in place (its kept columns are runs of c units): no transposed copy of W2.
-Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H).
+Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H); with the
+mass loss on the scoring rows (F1 on those rows alone) also its dZ_s [T/V x S + T/seq, h], which the
+backward adds through two GEMMs of S/V of F1's size (kernels/scored_mass_loss.py).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/planning/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
 (compact_dz), B3 on the scattered dZ. Same products, rounded in the same places.
@@ -40,6 +42,7 @@ from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatte
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
+from sparse_compile.kernels.scored_mass_loss import add_mass_grads, mass_dz
 from sparse_compile.kernels.transpose_triton import transpose_copy
 from sparse_compile.kernels.weight_grad_gather import gather_supports, token_vnm_grad_gather
 
@@ -84,15 +87,28 @@ def sqrelu_ffn_forward_gather(
     chunk: int = 1,
     seq: int | None = None,
     score_rows: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M]); ``f1_alg``: the
+    mass_loss: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [T, d] -> (y [T, d_out], r_c [T, h*4/M], ids int32 [T/V, h*4/M], dz_s); ``f1_alg``: the
     cuSPARSELt algorithm of F1 (W1 2:4 along d), None for cuBLAS; "F2" in ``dense``: F2 on cuBLAS;
     ``chunk``: units per kept column (then F2 always gathers); ``seq``: the causal pattern over
     sequences of that many tokens; ``score_rows``: scored on the previous block's last that many rows
-    (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only)."""
+    (under V with chunks, N = 4 and cuBLAS F1: F1 on the scoring rows and the kept chunks only);
+    ``mass_loss`` lambda > 0 (on that path only): dz_s [T/V x S + T/seq, h], the mass loss's dZ on the
+    scoring rows (kernels/scored_mass_loss.py), else None."""
     _check_chunk(v, m, chunk, dense)
-    if f1_on_scoring_rows(v, n, chunk, seq is not None, score_rows, f1_alg):
-        h_c, r_c, ids = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score_rows)
+    scored = f1_on_scoring_rows(v, n, chunk, seq is not None, score_rows, f1_alg)
+    if mass_loss and not scored:
+        raise ValueError(
+            f"ffn_gather: mass_loss={mass_loss} runs on the scoring rows of causal V:4:M chunks scored on fewer "
+            f"than V rows with F1 on cuBLAS; got {v}:{n}:{m}, chunk={chunk}, seq={seq}, score_rows={score_rows}, "
+            f"f1_alg={f1_alg}"
+        )
+    dz_s = None
+    if scored:
+        h_c, r_c, ids, z_s = f1_scored_chunks(x, w1, b1, v, m, chunk, seq, score_rows)
+        dz_s = mass_dz(z_s, ids, v, score_rows, seq, mass_loss) if mass_loss else None
+        del z_s
     else:
         z = F.linear(x, w1, b1) if f1_alg is None else cslt_linear(x, w1, b1, f1_alg)
         if chunk > 1:
@@ -104,7 +120,7 @@ def sqrelu_ffn_forward_gather(
         y = F.linear(vnm_scatter(h_c, ids, v, m), w2, b2)
     else:
         y = gather_k_mm(h_c, ids, w2t_for_gather(w2, chunk), v, b2, chunk=chunk)
-    return y, r_c, ids
+    return y, r_c, ids, dz_s
 
 
 def sqrelu_ffn_backward_gather(
@@ -121,10 +137,12 @@ def sqrelu_ffn_backward_gather(
     dense: frozenset[str] = frozenset(),
     chunk: int = 1,
     db2_rows: torch.Tensor | None = None,
+    mass: tuple[torch.Tensor, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [T, d], dw1 [h, d], db1 [h], dw2 [d_out, h], db2 [d_out]) of the forward above;
     "B1" / "B3" in ``dense``: those on cuBLAS. db2 sums the rows of ``db2_rows`` (default dy: a caller
-    whose dy holds copied rows passes the rows it copied them from).
+    whose dy holds copied rows passes the rows it copied them from). ``mass`` (dz_s, score_rows, seq):
+    the forward's dz_s, added to dX, dW1 and db1 (kernels/scored_mass_loss.py; chunks only).
 
     With ``weight_grad`` (V, N, M), dw1/dw2 are the token-dim approximation: on the gather-K GEMM
     (kernels/weight_grad_gather.py) when V is a multiple of 16, else the reference's masked dense math.
@@ -143,7 +161,11 @@ def sqrelu_ffn_backward_gather(
         dw1 = chunk_wgrad(dz_c, ids, x, v, chunk, hidden, csr=csr, order=order)
         dx = gather_k_mm(dz_c, ids, w1.contiguous(), v, chunk=chunk)
         db1 = chunk_colsum(dz_c, ids, v, chunk, hidden, csr, tile_sums)
+        if mass is not None:
+            add_mass_grads(dx, dw1, db1, mass[0], x, w1, v, mass[1], mass[2])
         return dx, dw1, db1, dw2, db2
+    if mass is not None:
+        raise ValueError(f"ffn_gather: the mass loss's dz_s runs with chunks (chunk={chunk})")
     if "B1" in dense:
         dz_c = compact_dz(dy @ w2, ids, r_c, v)
     else:

@@ -173,14 +173,15 @@ class SparsityConfig:
         kernels/ffn_reference.py), added in the backward of every site that runs sparse: a loss that moves
         the mass to where the pattern sends it, not reported in the training loss. The term is added to dZ
         as it is, so a loss scale (GradScaler, a loss divided over accumulation steps) changes its weight
-        against the loss's gradient; a token with little mass gets a strong push. It needs H in full, so
-        the reference runs it (F1 dense): a measure of what such a loss buys, not a speed option; the size
-        rule (small_ffn) treats its sites as the pattern's fast path. 0 (default): none.
+        against the loss's gradient; a token with little mass gets a strong push. Over all rows it needs
+        H in full, so the reference runs it (F1 dense, slower than dense); the size rule (small_ffn)
+        treats its sites as the pattern's fast path. 0 (default): none.
     mass_loss_rows: "all" (default) or "scoring": the term on the last score_rows rows of every block
-        and each sequence's first token alone (the rows whose H the chunked fast path computes in full,
-        where that path applies), as a mean over those rows: lambda on the same scale, each sampled
-        row's push about V / score_rows times as strong. A measure of what a kernel restricted to those
-        rows would keep.
+        and each sequence's first token alone, as a mean over those rows: lambda on the same scale, each
+        sampled row's push about V / score_rows times as strong. Those are the rows whose H the chunked
+        fast path computes in full (causal V:4:M chunks scored on fewer than V rows, F1 on cuBLAS), so
+        there it runs on the fast kernels (kernels/scored_mass_loss.py: two more GEMMs of about
+        score_rows / V of F1 in the backward); elsewhere on the reference, and the report says why.
     kernels: "auto" (the fast kernels where they apply, each gather GEMM measured against cuBLAS at
         compile time; per-token chunks on grouped GEMMs from 256 units; else the reference;
         sparse_compile/planning/plan.py), "reference" (pure torch) or "triton" (the fast path wherever

@@ -114,6 +114,7 @@ def test_f1_on_the_scoring_rows_and_kept_chunks_equals_the_selection(interpreter
     full Z, float32 under the interpreter."""
     from sparse_compile.kernels.chunk_score_triton import f1_scored_chunks
     from sparse_compile.kernels.chunk_select_triton import vnm_select_chunks
+    from sparse_compile.kernels.scored_mass_loss import scoring_row_index
 
     g = torch.Generator().manual_seed(9)
     t, d, h, v, m, c, seq = 128, 32, 256, 16, 8, 16, 64
@@ -122,6 +123,7 @@ def test_f1_on_the_scoring_rows_and_kept_chunks_equals_the_selection(interpreter
         got = f1_scored_chunks(x, w1, b1, v, m, c, seq, s)
         want = vnm_select_chunks(F.linear(x, w1, b1), None, v, 4, m, c, seq, score_rows=s)
         assert torch.equal(got[2], want[2])
+        torch.testing.assert_close(got[3], F.linear(x, w1, b1)[scoring_row_index(t, v, s, seq, x.device)])
         for a, b in zip(got[:2], want[:2], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 

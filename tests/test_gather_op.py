@@ -42,7 +42,7 @@ def _run_vnm(x, w1, b1, w2, b2, config, spec_suffix=""):
         torch.ops.sparse_compile.sparsify_weight(leaves[n], "2:4", 0.0) if config.weights else leaves[n]
         for n in ("w1", "w2")
     ]
-    y, r_c, ids = torch.ops.sparse_compile.sqrelu_ffn_vnm(
+    y, r_c, ids, _ = torch.ops.sparse_compile.sqrelu_ffn_vnm(
         leaves["x"], ws[0], leaves.get("b1"), ws[1], leaves.get("b2"), config.op_spec() + spec_suffix
     )
     return y, r_c, ids, leaves
@@ -106,6 +106,17 @@ def test_vnm_op_registration():
     """Fake shapes, autograd and schema agree with the real op (torch.library.opcheck)."""
     x, w1, b1, w2, b2 = _inputs((32,), d=16, h=64, d_out=16)
     args = (x.requires_grad_(), w1.requires_grad_(), b1, w2.requires_grad_(), b2, CONFIGS["16:2:8"].op_spec())
+    torch.library.opcheck(torch.ops.sparse_compile.sqrelu_ffn_vnm.default, args)
+
+
+def test_vnm_op_registration_with_the_scored_mass_loss():
+    """The same with the mass loss on the scoring rows (causal chunks scored on 4 of 16 rows): the fourth
+    output, dz_s [T/V x 4 + T/seq, h], has the fake's shape."""
+    x, w1, b1, w2, b2 = _inputs((2, 32), d=16, h=128, d_out=16)
+    config = SparsityConfig(activations="16:4:8", chunk=16, causal=True, score_rows=4, mass_loss=0.5,
+                            mass_loss_rows="scoring", kernels="triton")  # fmt: skip
+    args = (x.requires_grad_(), w1.requires_grad_(), b1, w2.requires_grad_(), b2, config.op_spec())
+    assert torch.ops.sparse_compile.sqrelu_ffn_vnm(*args)[3].shape == (4 * 4 + 2, 128)
     torch.library.opcheck(torch.ops.sparse_compile.sqrelu_ffn_vnm.default, args)
 
 

@@ -91,14 +91,22 @@ def test_on_sampled_rows_the_term_is_their_mean():
     assert dz[~rows].abs().sum() == 0 and dz[rows].abs().sum() > 0
 
 
-def test_compiled_model_on_scoring_rows_matches_eager_math():
+@pytest.mark.parametrize("kernels", ["auto", "triton"], ids=["reference", "gather"])
+def test_compiled_model_on_scoring_rows_matches_eager_math(kernels, monkeypatch):
     """mass_loss_rows='scoring': the compiled Stack against eager math with each site's term over the last
-    score_rows rows of every block."""
-    options = {"activations": "16:4:8", "chunk": 4, "causal": True, "score_rows": 4, "mass_loss": 0.5,
-               "mass_loss_rows": "scoring"}  # fmt: skip
+    score_rows rows of every block and each sequence's first token; on the reference kernels (auto on CPU) and on
+    the chunked gather path (triton, interpreted: dZ on the scoring rows from the forward's Z, added by its own
+    GEMMs in the backward, kernels/scored_mass_loss.py)."""
+    from sparse_compile.planning.plan import GATHER
+
+    if kernels == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    options = {"activations": "16:4:8", "chunk": 16, "causal": True, "score_rows": 4, "mass_loss": 0.5,
+               "mass_loss_rows": "scoring", "kernels": kernels}  # fmt: skip
     config = SparsityConfig(**options)
-    model, ref = Stack(), Stack()
-    x, gy = torch.randn(2, 32, 32), torch.randn(2, 32, 32)
+    model, ref, plain = Stack(), Stack(), Stack()
+    g = torch.Generator().manual_seed(5)
+    x, gy = torch.randn(2, 32, 32, generator=g), torch.randn(2, 32, 32, generator=g)
     out = torch.compile(model, backend="sparse", options=options)(x)
     (out * gy).sum().backward()
     rows = (torch.arange(64) % 16 >= 12) | (torch.arange(64) % 32 == 0)  # the scoring rows, each sequence's first
@@ -111,12 +119,55 @@ def test_compiled_model_on_scoring_rows_matches_eager_math():
         h_in = h_in + b.proj((h2 * keep).reshape(hh.shape))
     ((h_in * gy).sum() + term).backward()
     torch.testing.assert_close(out, h_in, rtol=1e-5, atol=1e-5)
-    for k, g in grads(ref).items():
-        torch.testing.assert_close(grads(model)[k], g, rtol=1e-4, atol=1e-5, msg=k)
-    assert "mass_loss=0.5 on scoring rows" in str(compile_reports()[-1])
+    for k, want in grads(ref).items():
+        torch.testing.assert_close(grads(model)[k], want, rtol=1e-4, atol=1e-5, msg=k)
+    without = torch.compile(plain, backend="sparse", options=options | {"mass_loss": 0.0, "mass_loss_rows": "all"})
+    (without(x) * gy).sum().backward()
+    moved = grads(plain)["blocks.0.fc.weight"] - grads(model)["blocks.0.fc.weight"]
+    assert moved.abs().max() > 1e-3  # the term reaches W1's gradient
+    report = compile_reports()[-2]
+    assert "mass_loss=0.5 on scoring rows" in str(report)
+    assert [s.kernel for s in report.sparse_sites] == ([GATHER] * 2 if kernels == "triton" else ["reference"] * 2)
     spec = "weights=none;activations=16:4:8;kernels=auto;weight_grad=dense;dense_frac=0.02;mass_loss_rows=scoring"
     with pytest.raises(ValueError, match="mass_loss_rows='scoring'; allowed: 'all', or 'scoring' with score_rows"):
         parse_spec(spec)
+
+
+def test_scored_dz_is_the_reference_term_on_the_scoring_rows():
+    """kernels/scored_mass_loss.py: mass_dz on Z's scoring rows equals mass_loss_grad's term on those rows (0 on
+    the others), and add_mass_grads adds its products with W1 and x's rows to dX, dW1, db1."""
+    from sparse_compile.kernels.scored_mass_loss import add_mass_grads, mass_dz, scoring_row_index
+
+    g = torch.Generator().manual_seed(11)
+    t, d, h, v, c, seq, s = 96, 24, 64, 16, 4, 48, 3
+    z = torch.randn(t, h, generator=g, dtype=torch.float64)
+    z[5] = -1.0  # a row without mass (not a scoring row) and a scoring row without mass
+    z[15] = -1.0
+    r = torch.relu(z)
+    keep = vnm_mask(r * r, v, 4, 8, c, seq, s)
+    ids = torch.stack([keep[b * v].nonzero().squeeze(1) for b in range(t // v)]).int()
+    rows = scoring_row_index(t, v, s, seq, z.device)
+    assert rows.tolist() == [b * v + i for b in range(t // v) for i in range(v - s, v)] + [0, 48]
+    mask = torch.zeros(t, dtype=torch.bool)
+    mask[rows] = True
+    _, want = mass_loss_grad(torch.where(keep, r, -r), 0.3, mask)
+    got = mass_dz(z[rows], ids, v, s, seq, 0.3)
+    assert got.dtype == z.dtype and got[(rows == 15).nonzero().item()].abs().sum() == 0
+    torch.testing.assert_close(got, want[rows], rtol=1e-12, atol=1e-15)
+    assert got.abs().sum() > 0 and torch.equal(got != 0, (~keep[rows]) & (r[rows] > 0))
+
+    x, w1 = torch.randn(t, d, generator=g, dtype=torch.float64), torch.randn(h, d, generator=g, dtype=torch.float64)
+    dx, dw1, db1 = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((t, d), (h, d), (h,)))
+    full = torch.zeros(t, h, dtype=torch.float64)
+    full[rows] = got
+    wants = (dx + full @ w1, dw1 + full.t() @ x, db1 + full.sum(0))
+    add_mass_grads(dx, dw1, db1, got, x, w1, v, s, seq)
+    for a, b in zip((dx, dw1, db1), wants, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"mass_dz: zs \(19, 64\); expected 20 rows"):
+        mass_dz(z[:19], ids, v, s, seq, 0.3)
+    with pytest.raises(ValueError, match=r"add_mass_grads: dz_s \(5, 64\); expected \[20, 64\]"):
+        add_mass_grads(dx, dw1, db1, got[:5], x, w1, v, s, seq)
 
 
 def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows():
@@ -164,6 +215,24 @@ def test_compiled_model_matches_an_eager_model_with_the_term():
     report = compile_reports()[-1]
     assert [s.kernel for s in report.sparse_sites] == ["reference", "reference"]
     assert "mass_loss=0.7" in str(report)
+
+
+def test_the_gather_path_takes_the_scoring_rows_alone(interpreter):
+    """The chunked gather path takes the term on the scoring rows where it has their H in full (causal chunks
+    scored on fewer than V rows, N = 4); elsewhere the reference, and the plan says why."""
+    from sparse_compile.planning.plan import GATHER
+
+    base = {"activations": "16:4:8", "chunk": 16, "causal": True, "mass_loss": 0.1, "kernels": "triton"}
+    for extra, kernel in (({"score_rows": 4, "mass_loss_rows": "scoring"}, GATHER), ({"score_rows": 4}, "reference")):
+        assert plan_kernels(torch.device("cpu"), torch.float16, 256, SparsityConfig(**base, **extra)).kernel == kernel
+    every = SparsityConfig(**base, score_rows=16, mass_loss_rows="scoring")
+    plan = plan_kernels(torch.device("cpu"), torch.float16, 256, every)
+    assert plan.kernel == "reference" and plan.why == (
+        "mass_loss=0.1 on the scoring rows: the fast path has those rows' H in full only for causal V:4:M chunks "
+        "scored on fewer than V rows with F1 on cuBLAS"
+    )
+    two = SparsityConfig(**(base | {"activations": "16:2:8"}), score_rows=4, mass_loss_rows="scoring")
+    assert plan_kernels(torch.device("cpu"), torch.float16, 256, two).kernel == "reference"
 
 
 def test_the_grouped_path_is_not_taken():

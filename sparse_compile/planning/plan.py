@@ -94,13 +94,15 @@ def plan_kernels(
         return _plan_routed(device, dtype, config)
     if config.kernels == "reference":
         return _reference(device.type)
+    pattern = config.activation_pattern
+    # the mass loss's gradient needs H in full on its rows: the gather path has it on the scoring rows alone
+    all_rows = config.mass_loss and (config.mass_loss_rows == "all" or pattern[0] == 1)
     why = "; ".join(
         [f"token_extra={config.token_extra}: no fast kernel takes per-token extra units"] * bool(config.token_extra)
-        + [f"mass_loss={config.mass_loss:g}: its gradient needs H in full (F1 dense)"] * bool(config.mass_loss)
+        + [f"mass_loss={config.mass_loss:g}: its gradient needs H in full (F1 dense)"] * bool(all_rows)
     )
     if why:
         return _reference(device.type, why)
-    pattern = config.activation_pattern
     if pattern is not None and pattern[0] == 1 and config.chunk > 1:
         return _plan_grouped(device, dtype, config, d, d_out)
     if config.kernels == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -130,16 +132,28 @@ def plan_kernels(
                 f"chunks of {c}: the gather path needs chunk a power of two >= 16, M*chunk a power of two "
                 f"and exact weight gradients (M={m}, weight_grad={config.weight_grad})",
             )
-    if device.type != "cuda" or not (d and h):
+    cuda_shapes = device.type == "cuda" and d and h
+    f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h) if cuda_shapes else (None, "")
+    scored = c > 1 and f1_on_scoring_rows(v, pattern[1], c, config.causal, config.score_rows, f1_alg)
+    if config.mass_loss and not scored:
+        return _reference(
+            device.type,
+            f"mass_loss={config.mass_loss:g} on the scoring rows: the fast path has those rows' H in full only "
+            "for causal V:4:M chunks scored on fewer than V rows with F1 on cuBLAS"
+            + (f" ({f1_why})" if f1_alg is not None else ""),
+        )
+    if not cuda_shapes:
         return KernelPlan(GATHER, True)
     t = _hint(tokens)
-    f1_alg, f1_why = _f1(device, dtype, tokens, config, d, h)
     dense, gemm_why = frozenset(), ""
     if c > 1:
         rows = config.score_rows
-        scored = f1_on_scoring_rows(v, pattern[1], c, config.causal, rows, f1_alg)
         f1 = f"F1 on each block's last {rows} rows (cuBLAS) and its kept chunks (gather); " if scored else ""
-        gemm_why = f"chunks of {c}: {f1}F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice)"
+        mass = (
+            f"; mass_loss={config.mass_loss:g} on those rows: dZ there from the forward's Z, two more GEMMs of "
+            f"{rows}/{v} of F1's size in the backward"
+        ) * bool(config.mass_loss)
+        gemm_why = f"chunks of {c}: {f1}F2, B1, B3 gather; B2, B4 block-sparse along tokens (no cuBLAS choice){mass}"
     elif config.kernels == "auto":
         from sparse_compile.planning import gather_choice
 

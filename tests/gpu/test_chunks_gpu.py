@@ -118,7 +118,7 @@ def test_f1_on_the_scoring_rows_at_the_2_7b_shape(score):
     w1 = (torch.randn(h, d, device="cuda", generator=g) * d**-0.5).bfloat16()
     b1 = (torch.randn(h, device="cuda", generator=g) * 0.1).bfloat16()
     _poison()
-    h_c, r_c, ids = f1_scored_chunks(x, w1, b1, 128, 16, c, 2048, score)
+    h_c, r_c, ids, _ = f1_scored_chunks(x, w1, b1, 128, 16, c, 2048, score)
     want_h, want_r, want_ids = vnm_select_chunks(F.linear(x, w1, b1), None, 128, 4, 16, c, 2048, score_rows=score)
     groups = (ids == want_ids).view(t // 128, -1, 4 * c).all(-1)  # [blocks, groups]
     print(f"score {score}: {groups.float().mean().item():.4f} of the (block, group) choices agree")
@@ -258,16 +258,49 @@ def test_chunk_op_matches_reference_op_and_oracle(activations, chunk, dtype):
     assert _rel(outs["gather"][0], y_ref) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mass_loss_on_the_scoring_rows_matches_the_reference_op(dtype):
+    """mass_loss_rows='scoring' on the chunked path (causal 128:4:16 in chunks of 128 scored on 16 rows: dZ on
+    the scoring rows from the forward's Z, its own GEMMs in the backward, kernels/scored_mass_loss.py) against
+    the reference op, outputs poisoned: every output without and with the term, and the term's own share of dX,
+    dW1, db1 (with minus without); lambda so large that the share outweighs the rest (its rounding then small)."""
+    options = {"activations": "128:4:16", "chunk": 128, "causal": True, "score_rows": 16}
+    leaves = ffn_leaves(3, dtype)
+    ops = torch.ops.sparse_compile
+    outs = {}
+    for lam in (0.0, 1e6):
+        extra = {"mass_loss": lam, "mass_loss_rows": "scoring"} if lam else {}
+        spec = SparsityConfig(**options, **extra).op_spec()
+        for name, op in (("gather", ops.sqrelu_ffn_vnm), ("reference", ops.sqrelu_ffn)):
+            _poison()
+            outs[name, lam] = run_with_grads(op, leaves, None, spec)
+            assert all(torch.isfinite(o).all() for o in outs[name, lam]), (name, lam)
+        for i, (a, b) in enumerate(zip(outs["gather", lam], outs["reference", lam], strict=True)):
+            assert _rel(a, b) < 1e-2, f"output {i}, lambda {lam}: gather vs reference op"
+    for i in (1, 2, 3):  # dx, dw1, db1
+        got = outs["gather", 1e6][i].float() - outs["gather", 0.0][i].float()
+        want = outs["reference", 1e6][i].float() - outs["reference", 0.0][i].float()
+        assert want.norm() > outs["reference", 0.0][i].float().norm(), f"output {i}: the term outweighs the rest"
+        assert _rel(got, want) < 2e-2, f"output {i}: the term's share"
+    assert torch.equal(outs["gather", 1e6][4], outs["gather", 0.0][4])  # dW2 sees the kept H alone
+
+
 @pytest.mark.parametrize(
     "options",
-    [{"activations": "128:2:16", "chunk": 32}, {}, {"score_rows": None}],
-    ids=["128:2:16-c32", "default", "all-rows"],
+    [
+        {"activations": "128:2:16", "chunk": 32},
+        {},
+        {"score_rows": None},
+        {"mass_loss": 0.1, "mass_loss_rows": "scoring"},
+    ],
+    ids=["128:2:16-c32", "default", "all-rows", "mass-loss-scoring"],
 )
 def test_gpt_trains_on_chunk_kernels_like_on_reference_kernels(options):
     """The chunk kernels' curve against the reference kernels' (assert_trains_like_reference); {} is
     the default options (causal 128:4:16 in chunks of 128, or the largest chunk the hidden size takes,
     scored on the previous block's last 16 rows: F1 on those rows and the kept chunks on the fast
-    path); all-rows: the same pattern scored on all 128 rows (F1 in full, then the selection)."""
+    path); all-rows: the same pattern scored on all 128 rows (F1 in full, then the selection);
+    mass-loss-scoring: the default with the mass loss on its scoring rows (kernels/scored_mass_loss.py)."""
     fast, kernels, _ = train_gpt({**options, "kernels": "auto"})
     assert kernels == {GATHER}
     assert_trains_like_reference(fast, options)
@@ -293,7 +326,7 @@ def test_fast_launch_is_bit_equal_to_triton_s_launch_path():
         cases.append((x, w1, b1, w2, b2, dy, v, n, m, c))
 
     def run(x, w1, b1, w2, b2, dy, v, n, m, c):
-        y, r_c, ids = sqrelu_ffn_forward_gather(x, w1, b1, w2, b2, v, n, m, None, frozenset(), c, 2048)
+        y, r_c, ids, _ = sqrelu_ffn_forward_gather(x, w1, b1, w2, b2, v, n, m, None, frozenset(), c, 2048)
         return (y, r_c, ids, *sqrelu_ffn_backward_gather(dy, x, w1, w2, r_c, ids, v, m, chunk=c))
 
     fast = [[run(*case) for case in cases] for _ in range(3)][-1]  # signatures seen: the compiled launchers
