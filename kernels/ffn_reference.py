@@ -19,7 +19,7 @@ rest of dZ and not this term, so the effective lambda becomes lambda / s or k la
 then saves R (2A - 1) in place of R~: dropped units carry -R, so R~ and the dropped R both come back.
 On a sample of rows (``mass_rows``, n of the T) the term is (lambda / n) sum over the sample instead,
 a mean over those rows (lambda on the same scale; each sampled row's push T / n times as strong):
-what a kernel with H in full on those rows alone could add.
+what the chunked fast path, with H in full on its scoring rows alone, adds (kernels/scored_mass_loss.py).
 """
 
 import torch

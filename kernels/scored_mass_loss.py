@@ -13,8 +13,10 @@ is disjoint from that of the kept entries' dZ_c, so the backward adds its produc
   dX[rows] += dZ_s W1        [n, h] x [h, d]
   dW1      += dZ_s^T X_s     [h, n] x [n, d]
   db1      += sum_t dZ_s
-two cuBLAS GEMMs of n/T (about S/V) of F1's work. dZ_s is rounded to the compute dtype once, where the
-reference rounds its dZ (the kept entries' term is 0 on dropped units, so the sums round alike).
+two cuBLAS GEMMs of n/T (about S/V) of F1's work. dZ_s is rounded to the compute dtype once, as the
+reference rounds its dZ (the kept entries' term is 0 on dropped units, so dZ's entries round alike); dX,
+dW1 and db1 are rounded twice here (the kernels' outputs, then the add), once in the reference.
+The forward computes dZ_s whenever the term is on, also under no_grad (a pass over [n, h] wasted there).
 """
 
 import torch

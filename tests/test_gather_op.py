@@ -118,6 +118,9 @@ def test_vnm_op_registration_with_the_scored_mass_loss():
     args = (x.requires_grad_(), w1.requires_grad_(), b1, w2.requires_grad_(), b2, config.op_spec())
     assert torch.ops.sparse_compile.sqrelu_ffn_vnm(*args)[3].shape == (4 * 4 + 2, 128)
     torch.library.opcheck(torch.ops.sparse_compile.sqrelu_ffn_vnm.default, args)
+    spec = "weights=none;activations=16:4:8;kernels=triton;chunk=16;score_rows=4;mass_loss=0.5;mass_loss_rows=scoring"
+    with pytest.raises(ValueError, match=r"causal=False, score_rows=4; the gather path takes the term on the scoring"):
+        torch.ops.sparse_compile.sqrelu_ffn_vnm(x, w1, b1, w2, b2, spec)  # a spec no config writes: not causal
 
 
 def test_vnm_op_rejects_partial_block():

@@ -193,6 +193,34 @@ def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows():
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_a_permuted_site_on_the_gather_path_adds_the_scored_term_in_the_permuted_order(interpreter):
+    """permute on the chunked gather path with the term on the scoring rows: after a re-clustering, the compiled
+    model's gradients equal eager math with that permutation's causal mask plus the term over the scoring rows (the
+    term's dZ and its adds run in the permuted order; dW1, db1 are unpermuted after them)."""
+    options = {"activations": "16:4:8", "chunk": 16, "causal": True, "score_rows": 4, "permute": True,
+               "mass_loss": 0.5, "mass_loss_rows": "scoring", "kernels": "triton"}  # fmt: skip
+    model = _FFN()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="sparse", options=options)
+    g = torch.Generator().manual_seed(7)
+    x, gy = torch.randn(2, 32, 32, generator=g), torch.randn(2, 32, 32, generator=g)
+    with sparse_compile.probe_units(), torch.no_grad():
+        compiled(x)
+    assert len(sparse_compile.recluster()) == 1
+    (perm,) = sparse_compile.unit_permutations().values()
+    assert not torch.equal(perm.cpu(), torch.arange(128))
+    (compiled(x) * gy).sum().backward()
+    assert compile_reports()[-1].sparse_sites[0].kernel == "triton gather"
+    h = (torch.relu(ref.fc(x)) ** 2).reshape(-1, 128)
+    keep = torch.empty_like(h, dtype=torch.bool)
+    keep[:, perm] = vnm_mask(h[:, perm].detach(), 16, 4, 8, 16, 32, 4)
+    rows = (torch.arange(64) % 16 >= 12) | (torch.arange(64) % 32 == 0)
+    y = ref.proj((h * keep).reshape(2, 32, 128))
+    ((y * gy).sum() + mass_term(h[rows], keep[rows], 0.5)).backward()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_compiled_model_matches_an_eager_model_with_the_term():
     """Stack (two residual FFNs) compiled with mass_loss against eager masked math plus each site's term."""
     options = {"activations": "1:4:8", "chunk": 4, "score_units": 2, "mass_loss": 0.7}

@@ -39,8 +39,11 @@ def _mass_rows(op: OpSpec, x: torch.Tensor) -> int:
     rows' term needs H in full: the plan sends it to the reference)."""
     if not op.mass_loss:
         return 0
-    if op.mass_loss_rows != "scoring":
-        raise ValueError(f"sqrelu_ffn_vnm: mass_loss_rows={op.mass_loss_rows!r}; the gather path takes 'scoring'")
+    if op.mass_loss_rows != "scoring" or not op.causal or op.score_rows is None:
+        raise ValueError(
+            f"sqrelu_ffn_vnm: mass_loss_rows={op.mass_loss_rows!r}, causal={op.causal}, score_rows={op.score_rows}; "
+            "the gather path takes the term on the scoring rows of a causal pattern with score_rows"
+        )
     tokens = math.prod(x.shape[:-1])
     return tokens // op.activations[0] * op.score_rows + tokens // causal_seq(op, x)
 

@@ -36,7 +36,7 @@ class OpSpec:
     router: str = DEFAULT_ROUTER  # routed: how a token's group is chosen (SparsityConfig.router)
     token_extra: int = 0  # each token's own largest units outside the block's choice, kept too (reference)
     score_units: int | None = None  # per-token chunks: ranked on each chunk's first r units
-    mass_loss: float = 0.0  # lambda of the dropped-mass loss's gradient (reference; kernels/ffn_reference.py)
+    mass_loss: float = 0.0  # lambda of the dropped-mass loss's gradient (kernels/ffn_reference.py, scored_mass_loss.py)
     mass_loss_rows: str = "all"  # "scoring": the term on each block's scoring rows alone
 
 
