@@ -170,35 +170,20 @@ def test_scored_dz_is_the_reference_term_on_the_scoring_rows():
         add_mass_grads(dx, dw1, db1, got[:5], x, w1, v, s, seq)
 
 
-def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows():
+@pytest.mark.parametrize("scored", [False, True], ids=["per-token-reference", "scored-gather"])
+def test_a_permuted_site_drops_in_the_permuted_order_and_the_term_follows(scored, monkeypatch):
     """permute: after a re-clustering the site keeps chunks of its fitted permutation; the compiled model's gradients
-    equal eager math with that permutation's mask (scattered back to the units' own order) plus the term."""
+    equal eager math with that permutation's mask (scattered back to the units' own order) plus the term. Per-token
+    chunks on the reference; and the chunked gather path (interpreted) with the term on the scoring rows, whose dZ and
+    adds run in the permuted order before dW1, db1 are unpermuted."""
     options = {"activations": "1:4:8", "chunk": 4, "permute": True, "mass_loss": 0.5}
-    model = _FFN()
-    ref = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="sparse", options=options)
-    x, gy = torch.randn(2, 32, 32), torch.randn(2, 32, 32)
-    with sparse_compile.probe_units(), torch.no_grad():
-        compiled(x)
-    assert len(sparse_compile.recluster()) == 1
-    (perm,) = sparse_compile.unit_permutations().values()
-    assert not torch.equal(perm.cpu(), torch.arange(128))
-    (compiled(x) * gy).sum().backward()
-    h = (torch.relu(ref.fc(x)) ** 2).reshape(-1, 128)
-    keep = torch.empty_like(h, dtype=torch.bool)
-    keep[:, perm] = vnm_mask(h[:, perm].detach(), 1, 4, 8, 4)
-    y = ref.proj((h * keep).reshape(2, 32, 128))
-    ((y * gy).sum() + mass_term(h, keep, 0.5)).backward()
-    for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
-
-
-def test_a_permuted_site_on_the_gather_path_adds_the_scored_term_in_the_permuted_order(interpreter):
-    """permute on the chunked gather path with the term on the scoring rows: after a re-clustering, the compiled
-    model's gradients equal eager math with that permutation's causal mask plus the term over the scoring rows (the
-    term's dZ and its adds run in the permuted order; dW1, db1 are unpermuted after them)."""
-    options = {"activations": "16:4:8", "chunk": 16, "causal": True, "score_rows": 4, "permute": True,
-               "mass_loss": 0.5, "mass_loss_rows": "scoring", "kernels": "triton"}  # fmt: skip
+    mask_args, rows, kernel = (1, 4, 8, 4), slice(None), "reference"
+    if scored:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        options = options | {"activations": "16:4:8", "chunk": 16, "causal": True, "score_rows": 4,
+                             "mass_loss_rows": "scoring", "kernels": "triton"}  # fmt: skip
+        mask_args, kernel = (16, 4, 8, 16, 32, 4), "triton gather"
+        rows = (torch.arange(64) % 16 >= 12) | (torch.arange(64) % 32 == 0)
     model = _FFN()
     ref = copy.deepcopy(model)
     compiled = torch.compile(model, backend="sparse", options=options)
@@ -210,11 +195,10 @@ def test_a_permuted_site_on_the_gather_path_adds_the_scored_term_in_the_permuted
     (perm,) = sparse_compile.unit_permutations().values()
     assert not torch.equal(perm.cpu(), torch.arange(128))
     (compiled(x) * gy).sum().backward()
-    assert compile_reports()[-1].sparse_sites[0].kernel == "triton gather"
+    assert compile_reports()[-1].sparse_sites[0].kernel == kernel
     h = (torch.relu(ref.fc(x)) ** 2).reshape(-1, 128)
     keep = torch.empty_like(h, dtype=torch.bool)
-    keep[:, perm] = vnm_mask(h[:, perm].detach(), 16, 4, 8, 16, 32, 4)
-    rows = (torch.arange(64) % 16 >= 12) | (torch.arange(64) % 32 == 0)
+    keep[:, perm] = vnm_mask(h[:, perm].detach(), *mask_args)
     y = ref.proj((h * keep).reshape(2, 32, 128))
     ((y * gy).sum() + mass_term(h[rows], keep[rows], 0.5)).backward()
     for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
