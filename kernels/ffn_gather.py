@@ -19,8 +19,8 @@ H~ = round(r_c^2) it wrote [T, Kc], freed before B4): no scatter, no [T, h] tens
 the dense work;
 F2 and B1 read W2 in place (its kept columns are runs of c units): no transposed copy of W2.
 Between forward and backward only r_c [T, h*4/M] and ids [T/V, h*4/M] are kept (not Z or H); with the
-mass loss on the scoring rows (F1 on those rows alone) also its dZ_s [T/V x S + T/seq, h], which the
-backward adds through two GEMMs of S/V of F1's size (kernels/scored_mass_loss.py).
+mass loss on the scoring rows (F1 on those rows alone) also its dZ_s [T/V x S + T/seq, h] (mass_dz_triton.py),
+which the backward adds through two GEMMs of S/V of F1's size (kernels/scored_mass_loss.py).
 ``dense`` names the GEMMs of F2, B1, B3 that run on cuBLAS instead (sparse_compile/planning/gather_choice.py
 measures which are faster): F2 on the scattered H, B1 as dH = dY W2 then the kept entries
 (compact_dz), B3 on the scattered dZ. Same products, rounded in the same places.
@@ -42,7 +42,8 @@ from sparse_compile.kernels.compact_scatter_triton import vnm_colsum, vnm_scatte
 from sparse_compile.kernels.cslt_linear import cslt_linear
 from sparse_compile.kernels.ffn_reference import weight_grads
 from sparse_compile.kernels.gather_gemm_triton import gather_k_mm, gather_n_mm
-from sparse_compile.kernels.scored_mass_loss import add_mass_grads, mass_dz
+from sparse_compile.kernels.mass_dz_triton import mass_dz
+from sparse_compile.kernels.scored_mass_loss import add_mass_grads
 from sparse_compile.kernels.transpose_triton import transpose_copy
 from sparse_compile.kernels.weight_grad_gather import gather_supports, token_vnm_grad_gather
 

@@ -8,8 +8,9 @@ D_t = sum of R_tu^2 over the units row t's own block drops (outside ids[t // V])
 Its gradient
   dZ_s[t, u] = (lambda / n) 2 R_tu / S_t   on the dropped units, 0 on the kept ones (and where S_t = 0)
 depends on Z_s and ids alone, not on dY, so the forward computes it from the Z_s it already has
-(mass_dz) and keeps dZ_s [n, h] (S/V of Z's size) until the backward. Its support (dropped units)
-is disjoint from that of the kept entries' dZ_c, so the backward adds its products apart (add_mass_grads):
+(mass_dz_triton.mass_dz; mass_dz_ref here) and keeps dZ_s [n, h] (S/V of Z's size) until the backward.
+Its support (dropped units) is disjoint from that of the kept entries' dZ_c, so the backward adds its
+products apart (add_mass_grads):
   dX[rows] += dZ_s W1        [n, h] x [h, d]
   dW1      += dZ_s^T X_s     [h, n] x [n, d]
   db1      += sum_t dZ_s
@@ -28,14 +29,15 @@ def scoring_row_index(t: int, v: int, score_rows: int, seq: int, device: torch.d
     return torch.cat([last.reshape(-1), torch.arange(0, t, seq, device=device)])
 
 
-def mass_dz(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, seq: int, lam: float) -> torch.Tensor:
+def mass_dz_ref(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, seq: int, lam: float) -> torch.Tensor:
     """zs [n, h] (Z on the scoring rows, scoring_row_index's order), ids [T/V, Kc] (each block's kept
-    units) -> dZ_s [n, h] in zs' dtype: (lambda / n) 2 R / S_t on the units each row's block drops."""
+    units) -> dZ_s [n, h] in zs' dtype: (lambda / n) 2 R / S_t on the units each row's block drops. Pure torch
+    (the reference of mass_dz_triton.mass_dz)."""
     n, h = zs.shape
     blocks = ids.shape[0]
     if n != blocks * score_rows + blocks * v // seq:
         raise ValueError(
-            f"mass_dz: zs {tuple(zs.shape)}; expected {blocks * score_rows + blocks * v // seq} rows for {blocks} "
+            f"mass_dz_ref: zs {tuple(zs.shape)}; expected {blocks * score_rows + blocks * v // seq} rows for {blocks} "
             f"blocks of {v}, score_rows={score_rows}, seq={seq}"
         )
     kept = torch.zeros(blocks, h, dtype=torch.bool, device=zs.device).scatter_(1, ids.long(), True)

@@ -134,9 +134,10 @@ def test_compiled_model_on_scoring_rows_matches_eager_math(kernels, monkeypatch)
 
 
 def test_scored_dz_is_the_reference_term_on_the_scoring_rows():
-    """kernels/scored_mass_loss.py: mass_dz on Z's scoring rows equals mass_loss_grad's term on those rows (0 on
+    """kernels/scored_mass_loss.py: mass_dz_ref on Z's scoring rows equals mass_loss_grad's term on those rows (0 on
     the others), and add_mass_grads adds its products with W1 and x's rows to dX, dW1, db1."""
-    from sparse_compile.kernels.scored_mass_loss import add_mass_grads, mass_dz, scoring_row_index
+    from sparse_compile.kernels.scored_mass_loss import add_mass_grads, scoring_row_index
+    from sparse_compile.kernels.scored_mass_loss import mass_dz_ref as mass_dz
 
     g = torch.Generator().manual_seed(11)
     t, d, h, v, c, seq, s = 96, 24, 64, 16, 4, 48, 3
@@ -164,10 +165,32 @@ def test_scored_dz_is_the_reference_term_on_the_scoring_rows():
     add_mass_grads(dx, dw1, db1, got, x, w1, v, s, seq)
     for a, b in zip((dx, dw1, db1), wants, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match=r"mass_dz: zs \(19, 64\); expected 20 rows"):
+    with pytest.raises(ValueError, match=r"mass_dz_ref: zs \(19, 64\); expected 20 rows"):
         mass_dz(z[:19], ids, v, s, seq, 0.3)
     with pytest.raises(ValueError, match=r"add_mass_grads: dz_s \(5, 64\); expected \[20, 64\]"):
         add_mass_grads(dx, dw1, db1, got[:5], x, w1, v, s, seq)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_mass_dz_kernel_equals_its_reference(interpreter, dtype):
+    """kernels/mass_dz_triton.py (interpreted) against mass_dz_ref on random Z_s: rows of blocks and each sequence's
+    first token, a row without mass, h not a multiple of the kernel's tile; a wrong row -> block map fails."""
+    from sparse_compile.kernels.mass_dz_triton import mass_dz
+    from sparse_compile.kernels.scored_mass_loss import mass_dz_ref
+
+    g = torch.Generator().manual_seed(13)
+    t, h, v, c, seq, s = 96, 1536, 16, 64, 48, 3
+    z = torch.randn(t, h, generator=g)
+    keep = vnm_mask(torch.relu(z) ** 2, v, 4, 8, c, seq, s)
+    ids = torch.stack([keep[b * v].nonzero().squeeze(1) for b in range(t // v)]).int()
+    zs = torch.randn(t // v * s + t // seq, h, generator=g).to(dtype)
+    zs[4] = -1.0  # no mass
+    got, want = mass_dz(zs, ids, v, s, seq, 0.7), mass_dz_ref(zs, ids, v, s, seq, 0.7)
+    assert got.dtype == dtype and got[4].abs().sum() == 0 and got.abs().sum() > 0
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 2e-3, atol=1e-9)
+    assert torch.equal(got != 0, want != 0)
+    with pytest.raises(ValueError, match=r"mass_dz: zs \(19, 1536\) .*expected 20 rows"):
+        mass_dz(zs[:19], ids, v, s, seq, 0.7)
 
 
 @pytest.mark.parametrize("scored", [False, True], ids=["per-token-reference", "scored-gather"])

@@ -42,6 +42,7 @@ from sparse_compile.kernels import chunk_wgrad_triton as chunk_wgrad  # noqa: E4
 from sparse_compile.kernels import compact_scatter_triton as scatter  # noqa: E402
 from sparse_compile.kernels import cslt_compress_triton as cslt  # noqa: E402
 from sparse_compile.kernels import gather_gemm_triton as gemm  # noqa: E402
+from sparse_compile.kernels import mass_dz_triton as mass_dz_k  # noqa: E402
 from sparse_compile.kernels import sqrelu_24_compress_triton as act24_cslt  # noqa: E402
 from sparse_compile.kernels import transpose_triton as transpose  # noqa: E402
 from sparse_compile.kernels import weight_mask_pairs_triton as wpairs  # noqa: E402
@@ -192,6 +193,11 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     cases.append(
         ("chunk score M=16 c=128", chunk_score_triton._chunk_score_kernel, _sig(names, ce, types), ce, {"num_warps": 8})
     )
+    # the scored mass loss's dZ on the scoring rows: one program per row, tiles of 1024 units
+    ce = {"BLOCK": 1024}
+    names = "zs_ptr kept_ptr out_ptr h stride_z stride_k stride_o coef NB S SEQ_BLOCKS BLOCK"
+    types = {"zs_ptr": "*bf16", "kept_ptr": "*u8", "out_ptr": "*bf16", "coef": "fp32"}
+    cases.append(("mass dz", mass_dz_k._mass_dz_kernel, _sig(names, ce, types), ce, {"num_warps": 4}))
     # (c, square, split, units_m, BLOCK_D, warps): the default B2/B4 tiles and B4's units-along-M one
     wgrad = [(32, True, 1, False, 128, 4), (64, False, 1, False, 128, 4), (16, False, 1, False, 128, 4)]
     wgrad += [(64, False, 4, False, 128, 4), (64, True, 1, False, 256, 8)]
@@ -275,6 +281,7 @@ VECTORIZED = (
     "transpose",
     "sum partials",
     "chunk colsum",
+    "mass dz",
 )
 # The selection kernel's second pass reads only the 4 kept columns of each M-group (a gather at the
 # ids, 4 scalar loads per group and row, all inside the group's 32-byte sector).
