@@ -12,8 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from sparse_compile.kernels.launch import FastLaunch
-
 
 @triton.jit
 def _mass_dz_kernel(zs_ptr, kept_ptr, out_ptr, h, stride_z, stride_k, stride_o, coef, NB, S, SEQ_BLOCKS,
@@ -38,9 +36,6 @@ def _mass_dz_kernel(zs_ptr, kept_ptr, out_ptr, h, stride_z, stride_k, stride_o, 
         tl.store(out_ptr + row * stride_o + cols, dz.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-_MASS_DZ = FastLaunch(_mass_dz_kernel)
-
-
 def mass_dz(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, seq: int, lam: float) -> torch.Tensor:
     """zs [n, h] (Z on the scoring rows, scoring_row_index's order), ids [T/V, Kc] (each block's kept units) ->
     dZ_s [n, h] in zs' dtype: (lambda / n) 2 R / S_t on the units each row's block drops (mass_dz_ref's)."""
@@ -55,7 +50,8 @@ def mass_dz(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, seq: i
     kept = torch.zeros(blocks, h, dtype=torch.uint8, device=zs.device).scatter_(1, ids.long(), 1)
     out = torch.empty_like(zs, memory_format=torch.contiguous_format)
     block = min(1024, triton.next_power_of_2(h))
-    _MASS_DZ[(n,)](
+    # Triton's own launch: FastLaunch's direct path is checked on a GPU only for kernels without float arguments
+    _mass_dz_kernel[(n,)](
         zs, kept, out, h, zs.stride(0), kept.stride(0), out.stride(0), 2.0 * lam / n, blocks, score_rows, seq // v,
         BLOCK=block, num_warps=4,
     )  # fmt: skip

@@ -258,6 +258,25 @@ def test_chunk_op_matches_reference_op_and_oracle(activations, chunk, dtype):
     assert _rel(outs["gather"][0], y_ref) < 1e-2
 
 
+@pytest.mark.parametrize("h", [8192, 12288])
+def test_mass_dz_kernel_at_full_size(h):
+    """kernels/mass_dz_triton.py at the 1.3B / 2.7B shapes (T = 16384, causal 128:4:16 in chunks of 128, 16 scoring
+    rows, sequences of 2048), bf16, output poisoned: against mass_dz_ref, the same support, to bf16 rounding."""
+    from sparse_compile.kernels.mass_dz_triton import mass_dz
+    from sparse_compile.kernels.scored_mass_loss import mass_dz_ref
+
+    t, v, s, seq = 16384, 128, 16, 2048
+    g = torch.Generator(device="cuda").manual_seed(h)
+    z = torch.randn(t, h, device="cuda", generator=g).bfloat16()
+    _, _, ids = vnm_compact_ref(z, None, v, 4, 16, 128, seq, s)
+    zs = torch.randn(t // v * s + t // seq, h, device="cuda", generator=g).bfloat16()
+    zs[3] = -1.0  # a row without mass
+    _poison()
+    got, want = mass_dz(zs, ids, v, s, seq, 0.1), mass_dz_ref(zs, ids, v, s, seq, 0.1)
+    assert torch.isfinite(got).all() and got[3].abs().sum() == 0
+    assert torch.equal(got != 0, want != 0) and _rel(got, want) < 1e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mass_loss_on_the_scoring_rows_matches_the_reference_op(dtype):
     """mass_loss_rows='scoring' on the chunked path (causal 128:4:16 in chunks of 128 scored on 16 rows: dZ on
