@@ -41,7 +41,7 @@ def mass_dz(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, seq: i
     dZ_s [n, h] in zs' dtype: (lambda / n) 2 R / S_t on the units each row's block drops (mass_dz_ref's)."""
     n, h = zs.shape
     blocks = ids.shape[0]
-    if n != blocks * score_rows + blocks * v // seq or zs.stride(1) != 1:
+    if n != blocks * score_rows + blocks * v // seq or zs.stride(1) != 1 or seq % v or (blocks * v) % seq:
         raise ValueError(
             f"mass_dz: zs {tuple(zs.shape)} (strides {zs.stride()}); expected "
             f"{blocks * score_rows + blocks * v // seq} rows, unit stride, for {blocks} blocks of {v}, "

@@ -189,8 +189,14 @@ def test_the_mass_dz_kernel_equals_its_reference(interpreter, dtype):
     assert got.dtype == dtype and got[4].abs().sum() == 0 and got.abs().sum() > 0
     torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 2e-3, atol=1e-9)
     assert torch.equal(got != 0, want != 0)
+    padded = torch.zeros(zs.shape[0], h + 40, dtype=dtype)
+    padded[:, 3 : 3 + h] = zs
+    view = padded[:, 3 : 3 + h]  # a row stride other than h
+    assert view.stride(0) == h + 40 and torch.equal(mass_dz(view, ids, v, s, seq, 0.7), got)
     with pytest.raises(ValueError, match=r"mass_dz: zs \(19, 1536\) .*expected 20 rows"):
         mass_dz(zs[:19], ids, v, s, seq, 0.7)
+    with pytest.raises(ValueError, match=r"seq=40"):
+        mass_dz(zs, ids, v, s, 40, 0.7)
 
 
 @pytest.mark.parametrize("scored", [False, True], ids=["per-token-reference", "scored-gather"])
