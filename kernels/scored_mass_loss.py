@@ -22,6 +22,8 @@ The forward computes dZ_s whenever the term is on, also under no_grad (a pass ov
 
 import torch
 
+from sparse_compile.kernels.ffn_reference import mass_loss_grad
+
 
 def scoring_row_index(t: int, v: int, score_rows: int, seq: int, device: torch.device) -> torch.Tensor:
     """int64 [T/V x S + T/seq]: the token of each scoring row, in chunk_score_triton.scoring_rows' order."""
@@ -31,8 +33,9 @@ def scoring_row_index(t: int, v: int, score_rows: int, seq: int, device: torch.d
 
 def mass_dz_ref(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, seq: int, lam: float) -> torch.Tensor:
     """zs [n, h] (Z on the scoring rows, scoring_row_index's order), ids [T/V, Kc] (each block's kept
-    units) -> dZ_s [n, h] in zs' dtype: (lambda / n) 2 R / S_t on the units each row's block drops. Pure torch
-    (the reference of mass_dz_triton.mass_dz)."""
+    units) -> dZ_s [n, h] in zs' dtype: (lambda / n) 2 R / S_t on the units each row's block drops: the
+    reference's term (mass_loss_grad) over the n rows, each with its own block's mask. Pure torch (the
+    reference of mass_dz_triton.mass_dz)."""
     n, h = zs.shape
     blocks = ids.shape[0]
     if n != blocks * score_rows + blocks * v // seq:
@@ -41,11 +44,9 @@ def mass_dz_ref(zs: torch.Tensor, ids: torch.Tensor, v: int, score_rows: int, se
             f"blocks of {v}, score_rows={score_rows}, seq={seq}"
         )
     kept = torch.zeros(blocks, h, dtype=torch.bool, device=zs.device).scatter_(1, ids.long(), True)
-    r = torch.relu(zs).to(torch.promote_types(zs.dtype, torch.float32))
-    mass = torch.linalg.vector_norm(r, dim=1, keepdim=True).square_()
-    mass = torch.where(mass > 0, mass, torch.ones_like(mass))  # a row without mass has no dropped R either
     rows_block = scoring_row_index(blocks * v, v, score_rows, seq, zs.device) // v
-    return r.masked_fill_(kept[rows_block], 0.0).mul_((2.0 * lam / n) / mass).to(zs.dtype)
+    r = torch.relu(zs)
+    return mass_loss_grad(torch.where(kept[rows_block], r, -r), lam)[1].to(zs.dtype)
 
 
 def add_mass_grads(

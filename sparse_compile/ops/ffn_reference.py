@@ -13,6 +13,7 @@ import math
 import torch
 
 from sparse_compile.kernels import sqrelu_ffn_backward_ref, sqrelu_ffn_forward_ref
+from sparse_compile.kernels.scored_mass_loss import scoring_row_index
 from sparse_compile.ops import unit_perms
 from sparse_compile.ops.spec import (
     OpSpec,
@@ -71,14 +72,15 @@ def sqrelu_ffn_backward(
 
 def scoring_rows(op: OpSpec, x: torch.Tensor, device: torch.device) -> torch.Tensor | None:
     """bool [T] for x [..., seq, d]: the last score_rows rows of every V-token block and each sequence's
-    first token, the rows whose H the chunked fast path computes in full where it applies
-    (kernels/chunk_score_triton.py; SparsityConfig.mass_loss_rows='scoring'); None where the call ran
+    first token (kernels/scored_mass_loss.scoring_row_index: the rows whose H the chunked fast path computes
+    in full where it applies; SparsityConfig.mass_loss_rows='scoring'), each once; None where the call ran
     dense (T not a multiple of V)."""
     tokens = math.prod(x.shape[:-1])
     if activation_pattern_for(op, tokens) is None:
         return None
-    v, t = op.activations[0], torch.arange(tokens, device=device)
-    return (t % v >= v - op.score_rows) | (t % causal_seq(op, x) == 0)
+    rows = torch.zeros(tokens, dtype=torch.bool, device=device)
+    rows[scoring_row_index(tokens, op.activations[0], op.score_rows, causal_seq(op, x), device)] = True
+    return rows
 
 
 @sqrelu_ffn_backward.register_fake
