@@ -29,6 +29,9 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   shorter than the run projected to overstates it: "tokens per parameter" gives the dense run's
   length (its steps x tokens per step over the model's parameters, both from its summary's header;
   "-" without a summary);
+- --dense-csv instead of --dense: the dense runs' final losses alone, from a bench.seeds CSV (bench.sweep's
+  --dense-csv), where their logs were not kept; --dense-steps gives their steps. k, e, slope, g and the
+  projections (losses and steps) are computed as above; no wall time is compared ("-");
 - a budget from another sweep (run elsewhere or later) names its own dense run of the same seed
   and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
   times at their ratio to that run's, both put onto the --dense runs' (their loss and walls scaled), then
@@ -56,6 +59,9 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
     # the 3200-step budget from another sweep, beside that sweep's own dense run
     python -m bench.whole_run --paired --dense runs/a/dense_s0/log.csv \\
         --recipe s0=runs/a/chunked_s0/log.csv,runs/b/chunked-steps-3200_s0/log.csv@runs/b/dense_s0/log.csv
+    # against dense finals whose logs are gone: a bench.seeds CSV's per-seed rows, runs of 3200 steps
+    python -m bench.whole_run --paired --dense-csv dense.csv --dense-steps 3200 \\
+        --recipe s0=runs/m/arm_s0/log.csv,runs/m/arm-steps-3520_s0/log.csv --step-speedup 1.3b=1.472
 """
 
 import argparse
@@ -69,6 +75,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from bench.seeds import device_in
+from bench.seeds import read as read_seeds
 from sparse_compile import PhaseSchedule
 
 
@@ -344,6 +351,33 @@ def other_devices(budget: Run, own: Run | None, targets: list[Run]) -> str | Non
     return f"{budget.device or 'unknown'} against {', '.join(sorted({r.device or 'unknown' for r in dense}))}"
 
 
+def _ratio(a: float, b: float) -> str:
+    """a / b as "R.RRRx", or "-" where either wall time is unknown (dense finals from --dense-csv)."""
+    r = a / b
+    return f"{r:.3f}x" if math.isfinite(r) else "-"
+
+
+def _iso_cell(iso: IsoQuality) -> str:
+    """The iso-quality speedup cell: interpolated, a lower bound (">="), or not reached (with its upper bound
+    where the dense wall time is known)."""
+    if iso.speedup is None:
+        known = iso.upper is not None and math.isfinite(iso.upper)
+        return f"not reached (<{iso.upper:.3f}x)" if known else "not reached"
+    return f"{iso.bound}{iso.speedup:.3f}x" if math.isfinite(iso.speedup) else "-"
+
+
+def dense_from_csv(path: str, steps: int | None) -> tuple[list[Run], list[str]]:
+    """Dense runs known by their final losses alone: a bench.seeds CSV's per-seed rows (their dense column),
+    each a Run of ``steps`` steps with no wall time (nan); and the rows' names."""
+    if steps is None or steps < 1:
+        raise SystemExit(f"--dense-csv needs --dense-steps, the dense runs' steps (an int >= 1); got {steps!r}")
+    try:
+        rows = read_seeds(Path(path))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--dense-csv {path}: {e}") from None
+    return [Run(steps, math.nan, r.dense, 0.0, steady=True) for r in rows], [r.name for r in rows]
+
+
 def _pairs(values: list[str], what: str) -> dict[str, str]:
     out = {}
     for v in values:
@@ -359,9 +393,14 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "--dense", nargs="+", action="extend", required=True,
+        "--dense", nargs="+", action="extend",
         help="bench.train log.csv files whose dense run is the target",
     )  # fmt: skip
+    p.add_argument(
+        "--dense-csv", metavar="CSV",
+        help="instead of --dense: a bench.seeds CSV whose per-seed rows hold the dense finals (no wall times)",
+    )  # fmt: skip
+    p.add_argument("--dense-steps", type=int, help="with --dense-csv: the dense runs' steps")
     p.add_argument(
         "--recipe", nargs="+", action="extend", required=True,
         help="NAME=log.csv[,log.csv...]: the recipe at its budgets (log.csv@dense.csv: one beside its own dense run)",
@@ -383,7 +422,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     if args.target_dense and args.paired:
         raise SystemExit("--target-dense: not with --paired (there each recipe's target is its own seed's dense run)")
-    dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
+    if bool(args.dense) == bool(args.dense_csv):
+        raise SystemExit("give the dense runs once: --dense LOG... or --dense-csv CSV (with --dense-steps)")
+    if args.dense_steps is not None and not args.dense_csv:
+        raise SystemExit("--dense-steps: only with --dense-csv (--dense logs give their own steps)")
+    if args.dense_csv:
+        dense, dense_names = dense_from_csv(args.dense_csv, args.dense_steps)
+    else:
+        dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
+        dense_names = [Path(f).parent.name or f for f in args.dense]
     speedups = {k: float(v) for k, v in _pairs(args.step_speedup, "--step-speedup").items()}
     recipes = _pairs(args.recipe, "--recipe")
     if args.paired and len(recipes) != len(dense):
@@ -391,10 +438,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     files = [[f.partition("@")[::2] for f in budgets.split(",")] for budgets in recipes.values()]  # (log, own dense)
     groups = [[read_run(log, "sparse", args.tokens_per_step) for log, _ in g] for g in files]
     owns = [[read_run(own, "dense", args.tokens_per_step) if own else None for _, own in g] for g in files]
-    runs = with_compiles(dense + [b for g in groups for b in g] + [o for g in owns for o in g if o is not None])
+    logged = [] if args.dense_csv else dense  # finals from a CSV have no wall time of either kind
+    runs = with_compiles(logged + [b for g in groups for b in g] + [o for g in owns for o in g if o is not None])
     if not runs[0].steady:
         print("wall times with compiles: not every run has a bench.train summary.txt beside its log")
-    dense, rest = runs[: len(dense)], iter(runs[len(dense) :])
+    if args.dense_csv:
+        print(f"dense finals from {args.dense_csv} ({args.dense_steps} steps): no wall time is compared")
+    if logged:  # the same runs, each wall time of one kind
+        dense = runs[: len(logged)]
+    rest = iter(runs[len(logged) :])
     groups = [[next(rest) for _ in g] for g in groups]  # the same runs, each wall time of one kind
     owns = [[None if o is None else next(rest) for o in g] for g in owns]
     reference = sum(r.final_val for r in dense) / len(dense)  # the --dense runs' loss: budgets are rebased onto it
@@ -429,7 +481,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "recipe": name,
             "budgets (steps)": ", ".join(str(b.steps) for b in sorted(budgets, key=lambda b: b.steps)),
             "sparse steps": f"{budgets[0].sparse_frac:.0%}",
-            "wall vs dense, same steps": unlike or (f"{dense_wall / same[0].wall_s:.3f}x" if same else "-"),
+            "wall vs dense, same steps": unlike or (_ratio(dense_wall, same[0].wall_s) if same else "-"),
             "the same with compiles": unlike or (_with_compiles(targets, same[0]) if same else "-"),
             "gap at equal steps (g)": f"{same[0].final_val / target - 1:+.2%}" if same else "-",
             "largest budget vs dense": f"{iso.gap:+.2%}",
@@ -438,8 +490,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
             "tokens per parameter": _tokens_per_param(base),
             "refits, share of wall": f"{largest.refit_frac:.1%}" if largest.refit_frac else "-",
-            "iso-quality speedup (wall time: runs alone only)": unlike
-            or (f"not reached (<{iso.upper:.3f}x)" if iso.speedup is None else f"{iso.bound}{iso.speedup:.3f}x"),
+            "iso-quality speedup (wall time: runs alone only)": unlike or _iso_cell(iso),
         }
         for size, s in speedups.items():  # a smaller k is a larger speedup: the bound flips
             if iso.steps_ratio is None:  # k above the largest budget's ratio: the speedup below its projection
@@ -456,13 +507,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 cell = "-"
             row[f"g that pays / gives 1.3x, {size} (model)"] = cell
         if args.paired:
-            row["target"] = f"{target:.4f} ({Path(args.dense[i]).parent.name or args.dense[i]})"
+            row["target"] = f"{target:.4f} ({dense_names[i]})"
         rows.append(row)
     if not args.paired:
         mean = f"mean of {len(dense)}"
         lowest = f"{target_from}: the lowest dense loss; --dense's {mean} {reference:.4f}"
         source = mean if target_from is None else lowest
-        print(f"target: dense final val {target:.4f} ({source}), dense wall {dense_wall:.0f} s")
+        wall = f", dense wall {dense_wall:.0f} s" if math.isfinite(dense_wall) else ""
+        print(f"target: dense final val {target:.4f} ({source}){wall}")
     print(tabulate(rows, headers="keys", tablefmt="github"))
     return rows
 

@@ -388,3 +388,57 @@ def test_target_dense_holds_a_recipe_to_the_lowest_dense_loss(tmp_path, capsys):
         else:
             with pytest.raises(SystemExit, match=r"model 350m, the --dense runs' 125m: not the same"):
                 main([*run, "--tokens-per-step", "1000"])
+
+
+def test_dense_finals_from_a_seeds_csv_give_the_same_k_without_walls(tmp_path, capsys):
+    """--dense-csv: the dense runs known by their finals alone (a bench.seeds CSV, the logs not kept). Against
+    the same finals the recipe's k, e, g, slope and projection are those that the logs give; every wall time
+    cell is "-", a recipe that never reaches the target is "not reached" without a bound, and --paired
+    names each row's target by the CSV's row."""
+    from bench import seeds
+
+    d0 = _log(tmp_path / "d0.csv", {"dense": [(100, "dense", 1000, 2.0)]})
+    d1 = _log(tmp_path / "d1.csv", {"dense": [(100, "dense", 1000, 1.9)]})
+    rows = [
+        seeds.SeedRun("y/dense_s0 / y/arm_s0", 2.0, 2.1, 0.5),
+        seeds.SeedRun("y/dense_s1 / y/arm_s1", 1.9, 2.0, 0.5),
+    ]
+    finals = tmp_path / "finals.csv"
+    seeds.write(finals, rows)
+    s1 = _log(
+        tmp_path / "s1.csv", {"sparse": [(10, "dense", 1000, ""), (90, "sparse", 2000, ""), (100, "dense", 1, 2.1)]}
+    )
+    s2 = _log(
+        tmp_path / "s2.csv", {"sparse": [(12, "dense", 1000, ""), (108, "sparse", 2000, ""), (120, "dense", 1, 1.85)]}
+    )
+    common = ["--recipe", f"a={s1},{s2}", f"b={s1},{s2}", "--step-speedup", "1.3b=1.5", "--tokens-per-step", "1000"]
+    logs = main(["--dense", d0, d1, "--paired", *common])
+    capsys.readouterr()
+    got = main(["--dense-csv", str(finals), "--dense-steps", "100", "--paired", *common])
+    assert "dense finals from" in capsys.readouterr().out
+    same = ["steps to the target (k)", "a sparse step's worth (e)", "gap at equal steps (g)",
+            "largest budget vs dense", "loss fall per 1% more steps", "projection 1.3b (s=1.5)",
+            "g that pays / gives 1.3x, 1.3b (model)"]  # fmt: skip
+    for a, b in zip(logs, got, strict=True):
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}
+        assert a["wall vs dense, same steps"].endswith("x") and b["wall vs dense, same steps"] == "-"
+        assert a["iso-quality speedup (wall time: runs alone only)"].startswith("=")
+        assert b["iso-quality speedup (wall time: runs alone only)"] == "-"
+    assert [r["steps to the target (k)"] for r in got] == [f"={(100 + 0.1 / 0.25 * 20) / 100:.3f}", "=1.160"]
+    assert got[1]["target"] == "1.9000 (y/dense_s1 / y/arm_s1)"
+    (mean,) = main(
+        ["--dense-csv", str(finals), "--dense-steps", "100", "--recipe", f"r={s1}", "--tokens-per-step", "1000"]
+    )
+    assert mean["iso-quality speedup (wall time: runs alone only)"] == "not reached"  # 2.1 above the mean 1.95
+    assert "target: dense final val 1.9500 (mean of 2)\n" in capsys.readouterr().out  # no dense wall to print
+    for argv, message in (
+        (["--dense", d0, "--dense-csv", str(finals), "--dense-steps", "100"], "give the dense runs once"),
+        ([], "give the dense runs once"),
+        (["--dense-csv", str(finals)], "--dense-csv needs --dense-steps"),
+        (["--dense-csv", str(finals), "--dense-steps", "0"], "got 0"),
+        (["--dense", d0, "--dense-steps", "100"], "--dense-steps: only with --dense-csv"),
+        (["--dense-csv", str(tmp_path / "none.csv"), "--dense-steps", "100"], "none.csv"),
+        (["--dense-csv", d0, "--dense-steps", "100"], "not a bench.seeds CSV"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            main([*argv, "--recipe", f"r={s1}"])
