@@ -8,7 +8,8 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   Beside it, with those compiles: the sum over the logged intervals of (steps in the interval) x
   (tokens per step) / tokens_per_s. Where a run has no summary, every run's wall time is that sum;
 - target: the dense runs' mean final validation loss; with --paired, each recipe's own dense run's
-  (the i-th --recipe against the i-th --dense: one seed each). --target-dense names other dense runs
+  (the i-th --recipe against the i-th --dense run or --dense-csv row: one seed each, the same seed where
+  both names end in one, `_sN`). --target-dense names other dense runs
   of the same model and steps (another peak lr or lr schedule): the target is then the lowest of their
   final losses where it is below the --dense runs' mean, so that a recipe is held to the best dense
   run measured, not only to the one of its own lr (a high lr can hurt the dense run more than the
@@ -30,8 +31,9 @@ its schedule stretched to each: the same warm-up, sparse and tail fractions):
   length (its steps x tokens per step over the model's parameters, both from its summary's header;
   "-" without a summary);
 - --dense-csv instead of --dense: the dense runs' final losses alone, from a bench.seeds CSV (bench.sweep's
-  --dense-csv), where their logs were not kept; --dense-steps gives their steps. k, e, slope, g and the
-  projections (losses and steps) are computed as above; no wall time is compared ("-");
+  --dense-csv), where their logs were not kept; --dense-steps gives their steps (nothing can check it). k,
+  e, slope, g and the projections, which need only losses and steps, are computed as above; no wall time
+  is compared ("-"); tokens per parameter from the budgets' summaries (one model);
 - a budget from another sweep (run elsewhere or later) names its own dense run of the same seed
   and steps, `log.csv@dense_log.csv`: its final loss is taken at its gap from that run's, and its wall
   times at their ratio to that run's, both put onto the --dense runs' (their loss and walls scaled), then
@@ -74,7 +76,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.seeds import device_in
+from bench.seeds import device_in, seed_of
 from bench.seeds import read as read_seeds
 from sparse_compile import PhaseSchedule
 
@@ -351,6 +353,15 @@ def other_devices(budget: Run, own: Run | None, targets: list[Run]) -> str | Non
     return f"{budget.device or 'unknown'} against {', '.join(sorted({r.device or 'unknown' for r in dense}))}"
 
 
+def _sized(dense: Run, budgets: list[Run]) -> Run:
+    """``dense`` with the model size and tokens per step of a budget's summary where its own are unknown (dense
+    finals from --dense-csv): the recipe and its dense run train one model."""
+    if dense.params is not None:
+        return dense
+    known = [b for b in budgets if b.params is not None and b.step_tokens is not None]
+    return dataclasses.replace(dense, params=known[0].params, step_tokens=known[0].step_tokens) if known else dense
+
+
 def _ratio(a: float, b: float) -> str:
     """a / b as "R.RRRx", or "-" where either wall time is unknown (dense finals from --dense-csv)."""
     r = a / b
@@ -375,6 +386,8 @@ def dense_from_csv(path: str, steps: int | None) -> tuple[list[Run], list[str]]:
         rows = read_seeds(Path(path))
     except (OSError, ValueError) as e:
         raise SystemExit(f"--dense-csv {path}: {e}") from None
+    if bad := [f"{r.name} ({r.dense!r})" for r in rows if not (math.isfinite(r.dense) and r.dense > 0)]:
+        raise SystemExit(f"--dense-csv {path}: dense finals that are not a finite loss > 0: {', '.join(bad)}")
     return [Run(steps, math.nan, r.dense, 0.0, steady=True) for r in rows], [r.name for r in rows]
 
 
@@ -400,7 +413,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--dense-csv", metavar="CSV",
         help="instead of --dense: a bench.seeds CSV whose per-seed rows hold the dense finals (no wall times)",
     )  # fmt: skip
-    p.add_argument("--dense-steps", type=int, help="with --dense-csv: the dense runs' steps")
+    p.add_argument(
+        "--dense-steps", type=int, help="with --dense-csv: the dense runs' steps (not checked: give them right)"
+    )
     p.add_argument(
         "--recipe", nargs="+", action="extend", required=True,
         help="NAME=log.csv[,log.csv...]: the recipe at its budgets (log.csv@dense.csv: one beside its own dense run)",
@@ -412,7 +427,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per step of the runs (default 16384)")
     p.add_argument(
         "--paired", action="store_true",
-        help="the i-th --recipe against the i-th --dense run alone (one seed each), not the dense runs' mean",
+        help="the i-th --recipe against the i-th --dense run or --dense-csv row alone (one seed each), not their mean",
     )  # fmt: skip
     p.add_argument(
         "--target-dense", nargs="+", action="extend", default=[], metavar="LOG",
@@ -422,11 +437,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     if args.target_dense and args.paired:
         raise SystemExit("--target-dense: not with --paired (there each recipe's target is its own seed's dense run)")
-    if bool(args.dense) == bool(args.dense_csv):
+    from_csv = args.dense_csv is not None
+    if bool(args.dense) == from_csv:
         raise SystemExit("give the dense runs once: --dense LOG... or --dense-csv CSV (with --dense-steps)")
-    if args.dense_steps is not None and not args.dense_csv:
+    if args.dense_steps is not None and not from_csv:
         raise SystemExit("--dense-steps: only with --dense-csv (--dense logs give their own steps)")
-    if args.dense_csv:
+    if from_csv:
         dense, dense_names = dense_from_csv(args.dense_csv, args.dense_steps)
     else:
         dense = [read_run(f, "dense", args.tokens_per_step) for f in args.dense]
@@ -436,13 +452,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.paired and len(recipes) != len(dense):
         raise SystemExit(f"--paired: {len(recipes)} recipe(s) for {len(dense)} dense run(s); give one per dense run")
     files = [[f.partition("@")[::2] for f in budgets.split(",")] for budgets in recipes.values()]  # (log, own dense)
+    for name, g, dense_name in zip(recipes, files, dense_names, strict=True) if args.paired else ():
+        mine, theirs = seed_of(Path(g[0][0]).parent.name), seed_of(dense_name)  # None: a name without `_sN`
+        if None not in (mine, theirs) and mine != theirs:
+            raise SystemExit(
+                f"--paired: recipe {name} ({g[0][0]}) is seed {mine}, its dense run {dense_name!r} seed {theirs}"
+            )
     groups = [[read_run(log, "sparse", args.tokens_per_step) for log, _ in g] for g in files]
     owns = [[read_run(own, "dense", args.tokens_per_step) if own else None for _, own in g] for g in files]
-    logged = [] if args.dense_csv else dense  # finals from a CSV have no wall time of either kind
+    logged = [] if from_csv else dense  # finals from a CSV have no wall time of either kind
     runs = with_compiles(logged + [b for g in groups for b in g] + [o for g in owns for o in g if o is not None])
     if not runs[0].steady:
         print("wall times with compiles: not every run has a bench.train summary.txt beside its log")
-    if args.dense_csv:
+    if from_csv:
         print(f"dense finals from {args.dense_csv} ({args.dense_steps} steps): no wall time is compared")
     if logged:  # the same runs, each wall time of one kind
         dense = runs[: len(logged)]
@@ -488,7 +510,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "steps to the target (k)": _k_cell(iso, budgets, base.steps),
             "a sparse step's worth (e)": _worth_cell(iso, budgets, base.steps),
             "loss fall per 1% more steps": "-" if iso.slope is None else f"{iso.slope:.2%}",
-            "tokens per parameter": _tokens_per_param(base),
+            "tokens per parameter": _tokens_per_param(_sized(base, budgets)),
             "refits, share of wall": f"{largest.refit_frac:.1%}" if largest.refit_frac else "-",
             "iso-quality speedup (wall time: runs alone only)": unlike or _iso_cell(iso),
         }

@@ -442,3 +442,46 @@ def test_dense_finals_from_a_seeds_csv_give_the_same_k_without_walls(tmp_path, c
     ):
         with pytest.raises(SystemExit, match=message):
             main([*argv, "--recipe", f"r={s1}"])
+
+
+def test_dense_csv_checks_its_finals_and_pairs_by_seed(tmp_path, capsys):
+    """--dense-csv refuses a dense final that is no loss (nan, 0), keeps a budget beside its own dense run
+    (the same k as with the target as a log, no wall), pairs only runs of one seed where the names say
+    it, and takes tokens per parameter from a budget's summary."""
+    from bench import seeds
+
+    def finals(name, *values):  # per-seed rows as bench.seeds writes them (no summary row: read skips it)
+        path = tmp_path / name
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["seed", "dense", "sparse", "diff", "kept", "lead"])
+            w.writerows([f"d/dense_s{i} / d/arm_s{i}", v, 2.0, 0.0, 0.5, ""] for i, v in enumerate(values))
+        assert len(seeds.read(path)) == len(values)
+        return str(path)
+
+    b1 = _log(tmp_path / "b1.csv", {"sparse": [(10, "dense", 1000, ""), (100, "sparse", 2000, 2.1)]})
+    b2 = _log(tmp_path / "b2.csv", {"sparse": [(12, "dense", 500, ""), (120, "sparse", 1000, 1.881)]})
+    own = _log(tmp_path / "own.csv", {"dense": [(100, "dense", 500, 1.9)]})
+    d = _log(tmp_path / "d.csv", {"dense": [(100, "dense", 1000, 2.0)]})
+    for bad in (math.nan, 0.0):
+        with pytest.raises(SystemExit, match="not a finite loss > 0: d/dense_s1 / d/arm_s1"):
+            main(["--dense-csv", finals("bad.csv", 2.0, bad), "--dense-steps", "100", "--recipe", f"r={b1}"])
+    recipe = ["--recipe", f"r={b1},{b2}@{own}", "--tokens-per-step", "1000"]
+    (log_row,) = main(["--dense", d, *recipe])
+    (csv_row,) = main(["--dense-csv", finals("one.csv", 2.0), "--dense-steps", "100", *recipe])
+    assert (
+        csv_row["steps to the target (k)"] == log_row["steps to the target (k)"] == f"={(100 + 5 / 6 * 20) / 100:.3f}"
+    )
+    assert csv_row["iso-quality speedup (wall time: runs alone only)"] == "-"
+    assert f"r: {b2} against {own} (gap -1.00%)" in capsys.readouterr().out
+    # --paired: the recipe's folder says seed 1, the CSV's first row seed 0
+    arm = tmp_path / "arm_s1"
+    _summary(arm, "dense steps [0, 10), sparse [10, 90)", steps=100)
+    s1 = _log(arm / "log.csv", {"sparse": [(10, "dense", 1000, ""), (90, "sparse", 2000, ""), (100, "dense", 1, 2.1)]})
+    two = finals("two.csv", 2.0, 1.9)
+    with pytest.raises(SystemExit, match=r"recipe r .* is seed 1, its dense run 'd/dense_s0 / d/arm_s0' seed 0"):
+        main(["--paired", "--dense-csv", two, "--dense-steps", "100", "--recipe", f"r={s1}", f"q={s1}"])
+    rows = main(["--paired", "--dense-csv", two, "--dense-steps", "100", "--recipe", f"a={b1}", f"r={s1}"])
+    # 126.2M parameters, 16 x 1024 tokens a step (the budget's summary), over the dense run's 100 steps
+    assert rows[1]["tokens per parameter"] == f"{100 * 16 * 1024 / 126.2e6:.3g}"
+    assert rows[0]["tokens per parameter"] == "-"  # a budget without a summary: unknown
