@@ -103,11 +103,17 @@ def seed_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def seeds_differ(a: str, b: str) -> tuple[int, int] | None:
+    """The seeds two names end in (seed_of's), where both end in one and they differ; else None."""
+    mine, theirs = seed_of(a), seed_of(b)
+    return (mine, theirs) if mine is not None and theirs is not None and mine != theirs else None
+
+
 def load_against(folder: Path, dense: SeedRun) -> SeedRun:
     """The sparse run of ``folder`` paired with the dense final of an earlier per-seed row of the same
     seed (``read``'s); a ValueError if the two names end in different seeds."""
-    mine, theirs = seed_of(folder.name), seed_of(dense.name)
-    if mine is not None and theirs is not None and mine != theirs:
+    if differ := seeds_differ(folder.name, dense.name):
+        mine, theirs = differ
         raise ValueError(f"{folder}: seed {mine}, paired with the dense run of seed {theirs} ({dense.name!r})")
     final, kept, lead = _final(folder)
     sparse = _require(final, "sparse", folder)

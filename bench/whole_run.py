@@ -76,7 +76,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.seeds import device_in, seed_of
+from bench.seeds import device_in, seeds_differ
 from bench.seeds import read as read_seeds
 from sparse_compile import PhaseSchedule
 
@@ -453,8 +453,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit(f"--paired: {len(recipes)} recipe(s) for {len(dense)} dense run(s); give one per dense run")
     files = [[f.partition("@")[::2] for f in budgets.split(",")] for budgets in recipes.values()]  # (log, own dense)
     for name, g, dense_name in zip(recipes, files, dense_names, strict=True) if args.paired else ():
-        mine, theirs = seed_of(Path(g[0][0]).parent.name), seed_of(dense_name)  # None: a name without `_sN`
-        if None not in (mine, theirs) and mine != theirs:
+        if differ := seeds_differ(Path(g[0][0]).parent.name, dense_name):
+            mine, theirs = differ
             raise SystemExit(
                 f"--paired: recipe {name} ({g[0][0]}) is seed {mine}, its dense run {dense_name!r} seed {theirs}"
             )
