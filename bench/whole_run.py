@@ -339,7 +339,7 @@ def _with_compiles(dense: list[Run], run: Run) -> str:
     dense_wall = _mean_with_compiles(dense)
     if dense_wall is None or run.wall_with_compiles_s is None:
         return "-"
-    return f"{dense_wall / run.wall_with_compiles_s:.3f}x"
+    return _ratio(dense_wall, run.wall_with_compiles_s)
 
 
 def other_devices(budget: Run, own: Run | None, targets: list[Run]) -> str | None:
