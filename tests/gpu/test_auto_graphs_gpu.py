@@ -41,15 +41,19 @@ def _train(options: dict, steps: int = 4) -> tuple[list[float], float]:
     return [*losses, step()], dense
 
 
-def test_sites_that_pay_only_with_graphs_run_sparse_under_them():
+@pytest.mark.parametrize(
+    "extra", [{}, {"mass_loss": 0.1, "mass_loss_rows": "scoring"}], ids=["default", "mass-loss-scoring"]
+)
+def test_sites_that_pay_only_with_graphs_run_sparse_under_them(extra):
+    """mass-loss-scoring: the mass loss's fused dZ kernel and its GEMMs inside the captured graphs too."""
     from torch._dynamo.utils import counters
     from torch._inductor import cudagraph_trees
 
-    forced, forced_dense = _train({"small_ffn": "sparse"})  # the same sites, no CUDA graphs
+    forced, forced_dense = _train({"small_ffn": "sparse", **extra})  # the same sites, no CUDA graphs
     assert not compile_reports()[-1].cuda_graphs
     assert cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False) is None
     counters.clear()
-    graphs, graphs_dense = _train({})
+    graphs, graphs_dense = _train(extra)
     report = compile_reports()[-1]
     assert len(report.sparse_sites) == 2 and report.auto_graphs == 2 and report.cuda_graphs
     assert AUTO_GRAPHS_NOTE.format(n=2, bound=2**37) in str(report)
