@@ -277,7 +277,7 @@ def test_whole_run_budgets_are_their_csv():
         parts = {"126M": [], "353M": ["350m"], "1.21B": ["1.3b"]}[name]
         parts += [f"lr {lr}"] * (lr != {"126M": "5e-4", "353M": "5e-4", "1.21B": "3e-4"}[name]) + rest
         size = f"{', '.join(parts)}: " if parts else ""
-        match = re.match(r"\d+% / (\d+)% / \d+%", recipe)  # dense warm-up / sparse / dense tail
+        match = re.match(r"[\d.]+% / (\d+)% / [\d.]+%", recipe)  # dense warm-up / sparse / dense tail
         schedule, sparse = match.group(0), int(match.group(1)) / 100
         rest = recipe[match.end() :]
         pattern = rest[2:] if rest.startswith(", ") else "block-shared: default chunked"
