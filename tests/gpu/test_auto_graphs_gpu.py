@@ -1,7 +1,7 @@
-"""small_ffn='graphs' on a real GPU: a GPT whose FFN sites pay only with CUDA graphs (T x d x h =
-8192 x 1024 x 4096 = 2**35, the chunked bound with graphs) compiled with no options runs them sparse
-under Inductor's cudagraph trees, trains as the same sites forced sparse without graphs do, and
-switches to the dense phase and back. Run by hand on H100/H200."""
+"""small_ffn='graphs' on a real GPU: a GPT whose FFN sites pay only with CUDA graphs (T x d x h = 8192
+x 1024 x 4096 = 2**35, the chunked bound with graphs) compiled with no options (or the scored mass
+loss alone) runs them sparse under Inductor's cudagraph trees, trains as the same sites forced
+sparse without graphs do, and switches to the dense phase and back. Run by hand on H100/H200."""
 
 import pytest
 import torch
@@ -57,6 +57,7 @@ def test_sites_that_pay_only_with_graphs_run_sparse_under_them(extra):
     report = compile_reports()[-1]
     assert len(report.sparse_sites) == 2 and report.auto_graphs == 2 and report.cuda_graphs
     assert AUTO_GRAPHS_NOTE.format(n=2, bound=2**37) in str(report)
+    assert ("dZ there from the forward's Z" in str(report)) == bool(extra)  # the mass loss's path, planned
     assert cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False) is not None
     assert counters["inductor"]["cudagraph_skips"] == 0
     torch.testing.assert_close(torch.tensor(graphs), torch.tensor(forced), rtol=2e-3, atol=0.0)
