@@ -11,9 +11,10 @@ from dataclasses import dataclass
 PHASES = ("sparse", "dense")
 # The default recipe, under any learning-rate schedule: dense for the first 10% and the last 40% of the
 # steps, half the run sparse. Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a
-# quarter sparse ends closer at equal steps but gains less; 80% sparse ends further behind at equal steps,
-# and reaches the dense loss later on the 126M and 353M models, sooner on the 1.2B one (one seed; a second
-# close to it).
+# quarter sparse ends closer at equal steps but gains less; 80%-95% sparse end further behind at equal
+# steps and reach the dense loss sooner only in the shortest runs measured (1.2B over 3200 steps, 126M
+# over 1200); at 126M over 2400 steps and 353M over 2000 half sparse is about as soon or sooner; the longer
+# the run, the more a sparse step falls short of a dense one.
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
