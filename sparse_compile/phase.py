@@ -12,16 +12,18 @@ PHASES = ("sparse", "dense")
 # The default recipe, under any learning-rate schedule: dense for the first 10% and the last 40% of the
 # steps, half the run sparse. Chosen by the wall time to the dense run's loss (bench/RESULTS.md, 6c): a
 # quarter sparse ends closer at equal steps but gains less; 80%-90% sparse end further behind at equal
-# steps, and 80%-95% reached the dense loss sooner (at the 1.3B step speed) only in short runs (1.2B over
-# 3200 steps, 0.04 tokens per parameter; 126M over 1200, 0.16), level with half at 353M over 2000 steps
-# and at 126M over 2400: the longer the run, the less a sparse step is worth.
+# steps. Projected at the 1.3B config's step speedup, 80%-95% reached the dense loss sooner than half in
+# short runs (1.21B over 3200 steps, 0.04 tokens per parameter; 126M over 1200, 0.16), not in longer ones
+# (126M over 2400: level) or at 353M (2000 steps, 80% only: level); the longer the run, the less a sparse
+# step is worth.
 WARMUP_FRAC = 0.1
 FINAL_DENSE_FRAC = 0.4
 # PhaseSchedule.until_lr_decay's recipe for a warm-up-stable-decay lr (constant peak, then a final decay):
 # dense for the first 5%, sparse at the peak, dense through the decay. Not the default: at the best peak lr
 # tried for the dense run it ends further behind than the default at equal steps; run longer, it reaches the
-# dense run's loss sooner than the default in short runs (1.2B over 3200 steps, 126M over 1200), not in
-# longer ones or at 353M (bench/RESULTS.md, 6c).
+# dense run's loss sooner than the default (projected at the 1.3B config's step speedup) in short runs
+# (1.21B over 3200 steps, 126M over 1200), not in longer ones (126M over 2400) or at 353M (bench/RESULTS.md,
+# 6c).
 # LR_DECAY_FRAC: the decay measured.
 LR_DECAY_WARMUP_FRAC = 0.05
 LR_DECAY_FRAC = 0.15
@@ -111,8 +113,9 @@ class PhaseSchedule:
         it: dense for the first ``warmup`` fraction, sparse from there until the decay starts, dense
         through the decay (with a 15% decay: 80% of the steps sparse). An opt-in, not the default: at
         equal steps it ends further behind the dense run than ``from_fractions``; given more steps it
-        reached the dense run's loss sooner than the default in short runs (a 1.2B model over 3200 steps,
-        a 126M one over 1200), not in longer ones (126M over 2400) or at 353M (bench/RESULTS.md, 6c).
+        reached the dense run's loss sooner than the default (projected at the 1.3B config's step speedup)
+        in short runs (a 1.21B model over 3200 steps, a 126M one over 1200), not in longer ones (126M over
+        2400) or at 353M (bench/RESULTS.md, 6c).
         Not for cosine, whose lr falls from the warm-up on."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"PhaseSchedule.until_lr_decay: total_steps={total_steps!r}: expected an int >= 1")

@@ -35,10 +35,10 @@ RUN_LINE = (
     "first {warmup:.0%} and the last {final:.0%}), so a sparse step s times as fast as dense makes the run "
     "1 / ({dense:g} + {sparse:g} / s) as fast at equal steps; what a run gains at the dense run's loss is "
     "measured in bench/RESULTS.md section 6c; under a warm-up-stable-decay lr, PhaseSchedule.until_lr_decay "
-    "(sparse until the decay) reached the dense loss sooner than this default (at the 1.3B step speed) in short "
-    "runs (1.2B over 3200 steps, 126M over 1200), not in longer ones (126M over 2400) or at 353M; all from runs "
-    "far shorter than a full pre-training run, and at one size a longer run needed relatively more extra steps to "
-    "reach the dense loss, a mostly sparse run more so"
+    "(sparse until the decay) reached the dense loss sooner than this default (projected at the 1.3B config's step "
+    "speedup) in short runs (1.21B over 3200 steps, 126M over 1200), not in longer ones (126M over 2400) or at "
+    "353M; all from runs far shorter than a full pre-training run, and at one size a longer run needed relatively "
+    "more extra steps to reach the dense loss, a mostly sparse run more so (one pair of sweeps)"
 )
 NO_GRAPHS_NOTE = (
     "note: this graph runs without CUDA graphs ({blocker}), so {n} CUDA site(s) that pay with them stay "

@@ -108,8 +108,9 @@ class PhaseCallback(TrainerCallback):
     default): ``PhaseSchedule.from_fractions(state.max_steps)``, built when training begins (its
     default fractions: dense for the first 10% and the last 40% of the steps), whatever the lr schedule.
     ``PhaseSchedule.until_lr_decay`` is the opt-in for a warm-up-stable-decay lr (80% of the steps
-    sparse: further behind at equal steps, sooner to the dense loss in short runs (1.2B over 3200
-    steps, 126M over 1200), not in longer ones or at 353M; bench/RESULTS.md 6c).
+    sparse: further behind at equal steps; projected at the 1.3B config's step speedup, sooner than the
+    default to the dense loss in short runs (1.21B over 3200 steps, 126M over 1200), not in longer ones
+    (126M over 2400) or at 353M; bench/RESULTS.md 6c).
     ``eval_phase``: the phase evaluation during training runs in. None (the default): the schedule's
     window at the optimizer step that ran just before it, as ``bench/train.py`` evaluates: sparse
     inside the sparse window (``dense_every``'s dense steps included), dense in the warm-up and the
