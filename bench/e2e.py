@@ -10,7 +10,9 @@ Every other configuration runs every site sparse at every size, without CUDA gra
 --compile-mode has them, to measure its pattern there: small_ffn='sparse' unless its options say
 otherwise. Sites with fitted state (routed tokens, permuted units) are fitted once after the warm-up
 steps, as bench.train fits them before its first sparse step (a probe forward, recluster(), one more
-untimed step); their `sites` cell then ends "; N fitted".
+untimed step); their `sites` cell then ends "; N fitted", and `refit ms` times one more refit
+(the probe forward and recluster(), synchronized, then one more untimed step): what bench.train's
+--recluster-every N adds once every N steps, at this size.
 Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
@@ -260,18 +262,31 @@ def has_fitted_state(label: str) -> bool:
 
 def fit_sites(
     compiled: Callable, batch: tuple[torch.Tensor, torch.Tensor], autocast: Callable, sync: Callable, step: Callable
-) -> list[str]:
+) -> tuple[list[str], float | None]:
     """Fit the sites that hold fitted state (routed tokens' groups and router, permuted units) once, as
     bench.train does before its first sparse step: a probe forward, then recluster() (on every rank under
-    torch.distributed), then one untimed step on the fitted state. Returns the refitted sites (none: no
+    torch.distributed), then one untimed step on the fitted state. Then refit them once more, timed (a
+    later refit: its probe graph compiled, a routed site's groups kept), and take one more untimed step.
+    Returns (the refitted sites, that refit's seconds); ([], None) where there is nothing to fit (no
     step runs). Unfitted, a routed site routes by its initial groups, not the padding and order a fit gives."""
-    with sparse_compile.probe_units(), torch.no_grad(), autocast():
-        compiled(*batch)
-    sites = sparse_compile.recluster()
-    if sites:
-        step()
-        sync()
-    return sites
+
+    def refit() -> list[str]:
+        with sparse_compile.probe_units(), torch.no_grad(), autocast():
+            compiled(*batch)
+        return sparse_compile.recluster()
+
+    sites = refit()
+    if not sites:
+        return sites, None
+    step()
+    sync()
+    t0 = time.perf_counter()
+    refit()
+    sync()
+    seconds = time.perf_counter() - t0
+    step()
+    sync()
+    return sites, seconds
 
 
 def run_one(
@@ -324,7 +339,9 @@ def run_one(
     for i in range(args.warmup):
         timed_step(i)
     before_fit = len(sparse_compile.compile_reports())
-    fitted = fit_sites(compiled, data[0], autocast, sync, lambda: step(0)) if has_fitted_state(label) else []
+    fitted, refit_s = (
+        fit_sites(compiled, data[0], autocast, sync, lambda: step(0)) if has_fitted_state(label) else ([], None)
+    )
     probe_reports = range(before_fit, len(sparse_compile.compile_reports()))  # the probe's no-grad graph
     with GcTimer() as gc_timer, kernel_fn_timer(gpu) as kernel_fn:
         for i in range(args.warmup, args.warmup + args.steps):
@@ -345,6 +362,7 @@ def run_one(
         "gc_ms": round(gc_timer.seconds * 1e3 / args.steps, 2),
         "kernel_fn_ms": round(kernel_fn[0] * 1e3 / args.steps, 2) if gpu else "",
         "probe_ms": round(probe, 2),
+        "refit_ms": "" if refit_s is None else round(refit_s * 1e3, 1),
         "tokens_per_s": round(tokens / median),
         "tokens_per_s_per_gpu": round(tokens / median / d.world),
         "vs_one_gpu": "",
@@ -487,6 +505,9 @@ def table(rows: list[dict]) -> str:
     if any(r.get("gpus", 1) > 1 for r in rows):
         head[3:3] = ["GPUs", "per GPU", "vs one GPU"]
         keys[3:3] = ["gpus", "tokens_per_s_per_gpu", "vs_one_gpu"]
+    if any(r.get("refit_ms", "") != "" for r in rows):
+        head.append("refit ms")
+        keys.append("refit_ms")
     if any("dense_phase_ms" in r for r in rows):
         head += ["dense phase\nms", "dense phase\npeak GiB", "dense phase\nreserved GiB"]
         keys += ["dense_phase_ms", "dense_phase_peak_GiB", "dense_phase_reserved_GiB"]

@@ -202,6 +202,8 @@ def test_e2e_fits_routed_sites_before_timing_them(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "e2e.csv")))
     assert rows[0]["sites"] == "4/4 sparse: reference"  # nothing to fit
     assert rows[1]["sites"].endswith("; 4 fitted"), rows[1]["sites"]
+    assert rows[0]["refit_ms"] == "" and float(rows[1]["refit_ms"]) > 0  # one later refit, timed
+    assert "refit ms" in (tmp_path / "summary.txt").read_text()
     assert len(routes._sites) == 4 and all(s.perm is not None and s.fitted for s in routes._sites.values())
 
 
