@@ -102,11 +102,11 @@ def _balanced_assign(sim: torch.Tensor, capacity: int) -> torch.Tensor:
     assign = torch.full((u,), -1, dtype=torch.long, device=sim.device)
     room = torch.full((k,), capacity, dtype=torch.long, device=sim.device)
     sim = sim.clone()
-    while True:
+    while True:  # one host synchronization per round (the free rows' count); no boolean indexing
         free = (assign < 0).nonzero().squeeze(1)
         if free.numel() == 0:
             return assign
-        sim[:, room == 0] = float("-inf")
+        sim.masked_fill_((room == 0).unsqueeze(0), float("-inf"))
         best_sim, best = sim[free].max(dim=1)
         # rank the proposers of each cluster by similarity: sort by (cluster, -similarity)
         order = torch.argsort(best_sim, descending=True, stable=True)
@@ -115,8 +115,9 @@ def _balanced_assign(sim: torch.Tensor, capacity: int) -> torch.Tensor:
         first = torch.searchsorted(cl, cl, right=False)  # index of the cluster's first proposer
         rank = torch.arange(cl.numel(), device=sim.device) - first
         take = rank < room[cl]
-        assign[free[order[take]]] = cl[take]
-        room -= torch.bincount(cl[take], minlength=k)
+        rows = free[order]  # distinct rows: the proposers not taken keep -1
+        assign[rows] = torch.where(take, cl, assign[rows])
+        room -= torch.zeros_like(room).scatter_add_(0, cl, take.long())
 
 
 def chunk_units(profiles: torch.Tensor, c: int, iters: int = 10) -> torch.Tensor:
@@ -129,12 +130,13 @@ def chunk_units(profiles: torch.Tensor, c: int, iters: int = 10) -> torch.Tensor
         raise ValueError(f"chunk_units: F={f} units cannot form chunks of c={c}")
     x = _normalized(profiles.float())
     k = f // c
-    seeds = [int(profiles.float().sum(1).argmax())]
+    # the seeds stay on the device (0-d index tensors): no host synchronization per seed
+    seeds = [profiles.float().sum(1).argmax()]
     closest = x @ x[seeds[0]]
     for _ in range(k - 1):
-        seeds.append(int(closest.argmin()))
+        seeds.append(closest.argmin())
         closest = torch.maximum(closest, x @ x[seeds[-1]])
-    cent = x[seeds]
+    cent = x[torch.stack(seeds)]
     assign = None
     for _ in range(iters):
         new = _balanced_assign(x @ cent.t(), c)

@@ -72,6 +72,31 @@ def test_balanced_assignment_and_groups_have_exact_sizes():
     assert groups.shape == (4, 4) and torch.equal(torch.sort(groups.reshape(-1)).values, torch.arange(16))
 
 
+def _deferred_acceptance(sim: torch.Tensor, capacity: int) -> list[int]:
+    """Plain-Python rounds: every unassigned row proposes to its most similar cluster with room; a
+    cluster accepts its most similar proposers up to its room (sim without ties)."""
+    u, k = sim.shape
+    assign, room = [-1] * u, [capacity] * k
+    while -1 in assign:
+        proposals: dict[int, list[int]] = {}
+        for i in (i for i in range(u) if assign[i] < 0):
+            best = max((j for j in range(k) if room[j] > 0), key=lambda j: float(sim[i, j]))
+            proposals.setdefault(best, []).append(i)
+        for j, rows in proposals.items():
+            for i in sorted(rows, key=lambda i: -float(sim[i, j]))[: room[j]]:
+                assign[i] = j
+                room[j] -= 1
+    return assign
+
+
+def test_balanced_assignment_is_deferred_acceptance():
+    from sparse_compile.clustering import _balanced_assign
+
+    for seed in range(3):
+        sim = torch.randn(96, 12, generator=torch.Generator().manual_seed(seed))
+        assert _balanced_assign(sim, 8).tolist() == _deferred_acceptance(sim, 8)
+
+
 def test_permuted_ffn_is_the_same_function():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(64, 32, generator=g, dtype=torch.float64)
