@@ -10,9 +10,8 @@ Every other configuration runs every site sparse at every size, without CUDA gra
 --compile-mode has them, to measure its pattern there: small_ffn='sparse' unless its options say
 otherwise. Sites with fitted state (routed tokens, permuted units) are fitted once after the warm-up
 steps, as bench.train fits them before its first sparse step (a probe forward, recluster(), one more
-untimed step); their `sites` cell then ends "; N fitted", and `refit ms` times one more refit
-(the probe forward and recluster(), synchronized, then one more untimed step): what bench.train's
---recluster-every N adds once every N steps, at this size.
+untimed step); their `sites` cell then ends "; N fitted". They are then refitted once more, timed
+(`refit ms`), and take one more untimed step, so the timed steps run on the second fit.
 Per configuration:
   tokens/s     tokens per step over the median wall time of the timed steps (after --warmup steps)
   speedup      over the dense row of the same size in the same run
@@ -24,6 +23,9 @@ Per configuration:
   kernel fn ms on CUDA, the host ms per timed step inside the sparse path's kernel functions (kernels/
                ffn_gather.py's forward and backward: launches, allocations, checks), the rest of the
                sparse ops' host time being the custom-op layer and the op's own Python
+  refit ms     with fitted sites, the second fit: the probe forward and recluster() (a routed site's
+               router alone, its groups kept), synchronized before and after; what bench.train's
+               --recluster-every N (its default --refit-routes router) adds once every N steps
   probe ms     a fixed pure-Python workload timed before the steps (median of 5): how fast this
                process's CPU runs Python then, beside host ms (a slower CPU or more host work)
   dense phase  with --dense-steps, steps in the dense phase after the timed ones: their median ms,

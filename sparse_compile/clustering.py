@@ -130,13 +130,14 @@ def chunk_units(profiles: torch.Tensor, c: int, iters: int = 10) -> torch.Tensor
         raise ValueError(f"chunk_units: F={f} units cannot form chunks of c={c}")
     x = _normalized(profiles.float())
     k = f // c
-    # the seeds stay on the device (0-d index tensors): no host synchronization per seed
-    seeds = [profiles.float().sum(1).argmax()]
-    closest = x @ x[seeds[0]]
+    # the seeds stay on the device as 1-element index tensors (index_select: indexing with a 0-d
+    # tensor would read it on the host): no host synchronization per seed
+    seeds = [profiles.float().sum(1).argmax().view(1)]
+    closest = x @ x.index_select(0, seeds[0])[0]
     for _ in range(k - 1):
-        seeds.append(closest.argmin())
-        closest = torch.maximum(closest, x @ x[seeds[-1]])
-    cent = x[torch.stack(seeds)]
+        seeds.append(closest.argmin().view(1))
+        closest = torch.maximum(closest, x @ x.index_select(0, seeds[-1])[0])
+    cent = x.index_select(0, torch.cat(seeds))
     assign = None
     for _ in range(iters):
         new = _balanced_assign(x @ cent.t(), c)
