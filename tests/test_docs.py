@@ -267,7 +267,7 @@ def test_whole_run_budgets_are_their_csv():
     path = _path(next(line for line in RESULTS.splitlines() if "most-sparse_structures_budgets" in line))
     rows = _csv(path)
     table = _rows(RESULTS, WHOLE_RUN)
-    assert len(table) == 45
+    assert len(table) == 48
     for row in table:
         model, recipe = row["model, steps, peak lr"], row["recipe (the default's pattern)"]
         # "SIZE, STEPS, LR[, what else differs from bench.train's defaults] (N seeds)" -> the CSV's prefix:
