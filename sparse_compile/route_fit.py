@@ -31,7 +31,10 @@ from sparse_compile.contract import DEFAULT_ROUTER
 from sparse_compile.kernels.routing import group_columns, route_linear, route_of_activations
 
 LINEAR_DECAY = 1e-2  # the linear router's L2 penalty on its weights over standardized x (per weight)
-LINEAR_ITERS = 30  # its L-BFGS iterations
+LINEAR_ITERS = 30  # its L-BFGS iterations, one site alone
+# Several sites' routers fitted in one L-BFGS (fit_linear_routers): the sum of their objectives, which are
+# independent, so its minimum is each one's; the shared line search needs more iterations to reach it.
+JOINT_ITERS = 100
 
 
 @dataclass(frozen=True)
@@ -112,33 +115,79 @@ def representatives(hp: torch.Tensor, assign: torch.Tensor, cols: torch.Tensor, 
     return cols.long().gather(1, top)
 
 
-def fit_linear_router(
-    x: torch.Tensor, labels: torch.Tensor, n_groups: int, decay: float = LINEAR_DECAY, iters: int = LINEAR_ITERS
-) -> torch.Tensor:
-    """float32 [G, d + 1] (weights, bias) of the linear router (kernels/routing.route_linear) that
-    predicts ``labels`` [S] (groups) from features x [S, d]: minimizes the mean cross-entropy of softmax(z W^T + b)
-    + decay * |W|^2 over the standardized rows z = (x - mean) / std, from W = 0, b = 0 by L-BFGS; the
-    standardization is folded into the returned weights."""
-    x = x.float()
-    mean, std = x.mean(dim=0), x.std(dim=0, unbiased=False).clamp_min(1e-6)
+def _fit_stacked(
+    x: torch.Tensor, y: torch.Tensor, n_groups: int, decay: float, iters: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [N, G, d], bias [N, G]) of N linear routers, x [N, S, d] float32 and labels y [N, S], by
+    one L-BFGS on the sum of their objectives (``fit_linear_routers``)."""
+    n, s, d = x.shape
+    mean, std = x.mean(dim=1, keepdim=True), x.std(dim=1, unbiased=False, keepdim=True).clamp_min(1e-6)
     z = (x - mean) / std
-    w = torch.zeros(n_groups, x.shape[1], device=x.device, requires_grad=True)
-    b = torch.zeros(n_groups, device=x.device, requires_grad=True)
+    w = torch.zeros(n, n_groups, d, device=x.device, requires_grad=True)
+    b = torch.zeros(n, n_groups, device=x.device, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], max_iter=iters, line_search_fn="strong_wolfe")
 
     def loss() -> torch.Tensor:
         opt.zero_grad()
-        value = F.cross_entropy(F.linear(z, w, b), labels) + decay * w.square().sum()
+        logits = torch.baddbmm(b[:, None, :], z, w.transpose(1, 2)).reshape(n * s, n_groups)
+        ce = F.cross_entropy(logits, y.reshape(-1), reduction="none").view(n, s).mean(dim=1)
+        value = ce.sum() + decay * w.square().sum()
         value.backward()
         return value
 
     with torch.enable_grad():
         opt.step(loss)
-    weights = w.detach() / std
-    return torch.cat([weights, (b.detach() - weights @ mean)[:, None]], dim=1)
+    weights = w.detach() / std  # [N, G, d]
+    return weights, b.detach() - (weights @ mean.transpose(1, 2)).squeeze(2)
 
 
-def fit_routes(
+def fit_linear_routers(
+    features: list[torch.Tensor],
+    labels: list[torch.Tensor],
+    n_groups: int,
+    decay: float = LINEAR_DECAY,
+    iters: int | None = None,
+) -> list[torch.Tensor]:
+    """float32 [G, d + 1] (weights, bias) for each problem (features [S, d], labels [S]): the linear router
+    (kernels/routing.route_linear) predicting labels (groups) from features. Each minimizes the mean
+    cross-entropy of softmax(z W^T + b) + decay * |W|^2 over its standardized rows z = (x - mean) / std,
+    from W = 0, b = 0; the standardization is folded into the returned weights. Problems of one shape and
+    device are stacked and solved by one L-BFGS on the sum of their objectives (``iters``: LINEAR_ITERS for
+    one problem, JOINT_ITERS for several): one launch sequence and one line search's host syncs for all
+    of them, instead of one per problem. The sum's minimum is every problem's own."""
+    out: list[torch.Tensor | None] = [None] * len(features)
+    batches: dict[tuple, list[int]] = {}
+    for i, x in enumerate(features):
+        batches.setdefault((tuple(x.shape), x.device), []).append(i)
+    for idx in batches.values():
+        x = torch.stack([features[i].float() for i in idx])  # [N, S, d]
+        steps = iters if iters is not None else (LINEAR_ITERS if len(idx) == 1 else JOINT_ITERS)
+        weights, bias = _fit_stacked(x, torch.stack([labels[i] for i in idx]), n_groups, decay, steps)
+        for k, i in enumerate(idx):
+            out[i] = torch.cat([weights[k], bias[k][:, None]], dim=1)
+    return out
+
+
+def fit_linear_router(
+    x: torch.Tensor, labels: torch.Tensor, n_groups: int, decay: float = LINEAR_DECAY, iters: int = LINEAR_ITERS
+) -> torch.Tensor:
+    """float32 [G, d + 1]: ``fit_linear_routers`` on one problem, x [S, d] and labels [S]."""
+    return fit_linear_routers([x], [labels], n_groups, decay, iters)[0]
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """A routed site's fit up to its linear router (``plan_routes``); ``finish_routes`` completes it."""
+
+    perm: torch.Tensor  # int64 [F]
+    groups: torch.Tensor  # int64 [G, F/(M c), 4]
+    rep: torch.Tensor  # int64 [G, r]: representatives, op order
+    u: torch.Tensor  # float32 [S, F/(M c), M]: the sample's chunk masses, op order
+    assign: torch.Tensor  # int64 [S]: each token's group (its best group where a linear router is to be fitted)
+    features: torch.Tensor | None  # float32 [S, features]: what the linear router reads; None for "representatives"
+
+
+def plan_routes(
     x: torch.Tensor,
     h: torch.Tensor,
     n_groups: int,
@@ -149,13 +198,9 @@ def fit_routes(
     r: int = 16,
     router: str = DEFAULT_ROUTER,
     fixed: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> RouteFit:
-    """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]. The
-    representatives' router reads the sample's activations, as route_tokens does, and x is only
-    checked for shape; router="linear" fits a linear classifier of x (``fit_linear_router``),
-    router="weighted" one of the activations on the representatives. ``fixed`` = (perm [F], groups
-    [G, F/(M c), 4]), a site's earlier fit: only the router is fitted, to each token's best of those
-    groups (steps 1 and 2 skipped; ``rounds`` is ignored, the groups stay as they are)."""
+) -> RoutePlan:
+    """``fit_routes`` up to its linear router: everything for router "representatives" or "oracle"; for
+    "linear" and "weighted" the features and labels (each token's best group) the router is fitted to."""
     s, f = h.shape
     if x.shape[0] != s or f % (m * c) or n_groups < 2:
         raise ValueError(
@@ -175,29 +220,59 @@ def fit_routes(
         rounds = 0
     hp = hf[:, perm]
     u = hp.reshape(s, f // (m * c), m, c).sum(dim=3)
-    total = u.sum(dim=(1, 2))
     if fixed is None:
         groups = _lloyd(u, n_groups, iters)
     assign = kept_by_group(u, groups).argmax(dim=1)
-    lin = None
+    features = None
     if router in ("linear", "weighted"):  # representatives for both: the site's state keeps them
         rep = representatives(hp, assign, group_columns(groups, m, c), r)
         features = x.float() if router == "linear" else hp.index_select(1, rep.reshape(-1))
-        lin = fit_linear_router(features, assign, n_groups)
-        assign = route_linear(features, lin)
     else:
         for step in range(rounds + 1):
             rep = representatives(hp, assign, group_columns(groups, m, c), r)  # op order
             assign = route_of_activations(hp.index_select(1, rep.reshape(-1)), n_groups)
             if step < rounds:
                 groups = _top_chunks(u, assign, groups)
-    kept = kept_by_group(u, groups)
-    mass = total.sum().clamp_min(1e-30)
+    return RoutePlan(perm=perm, groups=groups, rep=rep, u=u, assign=assign, features=features)
+
+
+def finish_routes(plan: RoutePlan, lin: torch.Tensor | None = None) -> RouteFit:
+    """The RouteFit of ``plan``, routed by ``lin`` (fit_linear_router(plan.features, plan.assign, G)) where
+    the plan has features, else by the plan's own routes."""
+    if (lin is None) != (plan.features is None):
+        raise ValueError("finish_routes: a linear router is needed exactly where the plan has features")
+    assign = plan.assign if lin is None else route_linear(plan.features, lin)
+    kept = kept_by_group(plan.u, plan.groups)
+    mass = plan.u.sum().clamp_min(1e-30)
     return RouteFit(
-        perm=perm,
-        groups=groups,
-        rep=perm[rep],
+        perm=plan.perm,
+        groups=plan.groups,
+        rep=plan.perm[plan.rep],
         oracle_kept=float(kept.max(dim=1).values.sum() / mass),
         routed_kept=float(kept.gather(1, assign[:, None]).sum() / mass),
         lin=lin,
     )
+
+
+def fit_routes(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    n_groups: int,
+    m: int,
+    c: int,
+    rounds: int = 3,
+    iters: int = 20,
+    r: int = 16,
+    router: str = DEFAULT_ROUTER,
+    fixed: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> RouteFit:
+    """The routed site's permutation, groups and router from a sample x [S, d], h [S, F]. The
+    representatives' router reads the sample's activations, as route_tokens does, and x is only
+    checked for shape; router="linear" fits a linear classifier of x (``fit_linear_router``),
+    router="weighted" one of the activations on the representatives. ``fixed`` = (perm [F], groups
+    [G, F/(M c), 4]), a site's earlier fit: only the router is fitted, to each token's best of those
+    groups (steps 1 and 2 skipped; ``rounds`` is ignored, the groups stay as they are). Several sites at
+    once: ``plan_routes`` each, ``fit_linear_routers`` on their features together, ``finish_routes``."""
+    plan = plan_routes(x, h, n_groups, m, c, rounds, iters, r, router, fixed)
+    lin = None if plan.features is None else fit_linear_router(plan.features, plan.assign, n_groups)
+    return finish_routes(plan, lin)

@@ -23,7 +23,14 @@ from sparse_compile.kernels.routing import (
     routed_mask,
 )
 from sparse_compile.ops import routes
-from sparse_compile.route_fit import fit_linear_router, fit_routes, initial_groups, kept_by_group, representatives
+from sparse_compile.route_fit import (
+    fit_linear_router,
+    fit_linear_routers,
+    fit_routes,
+    initial_groups,
+    kept_by_group,
+    representatives,
+)
 
 
 def _mask_loop(route, groups, m, c, h):
@@ -294,6 +301,43 @@ def test_linear_router_fit_minimizes_its_objective_and_learns_a_readable_group()
     for _ in range(10):
         dw, db = torch.randn(w.shape, generator=g).double(), torch.randn(b.shape, generator=g).double()
         assert objective(w + 0.05 * dw, b + 0.05 * db) > best - 1e-6
+
+
+def test_linear_routers_fitted_together_reach_each_ones_optimum():
+    """fit_linear_routers on several problems at once (one L-BFGS on the sum of their objectives): each
+    problem's objective within 1e-5 of its own fit run to convergence, its routes those of that fit, and
+    a problem of another shape solved on its own, in its place in the output."""
+    g = torch.Generator().manual_seed(11)
+    n_groups, decay = 4, 1e-2
+    problems = []
+    for s, d in ((512, 12),) * 4 + ((384, 12),):
+        x = (torch.randn(s, d, generator=g) * torch.rand(d, generator=g) * 3 + torch.randn(d, generator=g)).relu()
+        truth = torch.randn(n_groups, d, generator=g)
+        labels = (x @ truth.t() + torch.randn(s, n_groups, generator=g)).argmax(dim=1)
+        problems.append((x, labels))
+
+    def objective(x, labels, lin):
+        mean, std = x.double().mean(0), x.double().std(0, unbiased=False).clamp_min(1e-6)
+        w = lin[:, :-1].double() * std
+        b = lin[:, -1].double() + lin[:, :-1].double() @ mean
+        z = (x.double() - mean) / std
+        return float(torch.nn.functional.cross_entropy(z @ w.t() + b, labels) + decay * w.square().sum())
+
+    together = fit_linear_routers([x for x, _ in problems], [y for _, y in problems], n_groups, decay)
+    assert [t.shape for t in together] == [(n_groups, 13)] * 5
+    for (x, labels), lin in zip(problems, together, strict=True):
+        alone = fit_linear_router(x, labels, n_groups, decay, iters=300)
+        assert objective(x, labels, lin) < objective(x, labels, alone) + 1e-5
+        assert (route_linear(x, lin) == route_linear(x, alone)).float().mean() > 0.99
+    # the sum's minimum is no one problem's alone: a problem's labels changed moves its router only
+    changed = list(problems)
+    changed[1] = (problems[1][0], (problems[1][1] + 1) % n_groups)
+    again = fit_linear_routers([x for x, _ in changed], [y for _, y in changed], n_groups, decay)
+    assert (route_linear(changed[1][0], again[1]) == route_linear(changed[1][0], together[1])).float().mean() < 0.5
+    for k in (0, 2, 3, 4):
+        assert (
+            route_linear(problems[k][0], again[k]) == route_linear(problems[k][0], together[k])
+        ).float().mean() > 0.99
 
 
 PLANTED = (2048, 16, 8, 4, 2)  # tokens S, d, M, chunk c, runs: H has M c runs = 64 units

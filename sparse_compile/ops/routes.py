@@ -30,7 +30,7 @@ from sparse_compile.kernels.routing import (
     routed_mask,
 )
 from sparse_compile.ops import unit_perms
-from sparse_compile.route_fit import fit_routes, initial_groups, kept_by_group
+from sparse_compile.route_fit import finish_routes, fit_linear_routers, initial_groups, kept_by_group, plan_routes
 
 SAMPLE_ROWS_PER_CALL = 4096  # rows of x and H a probed call records (every T/4096-th row)
 SAMPLE_ROWS = 4096  # rows a site keeps for its fit (the latest): one probed call of 4096+ tokens fills it
@@ -187,12 +187,26 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "ro
     Under torch.distributed, call on every rank."""
     if what not in REFITS:
         raise ValueError(f"recluster(routes={what!r}): expected one of {REFITS}")
-    done = {}
-    for name in sorted(n for n, s in _sites.items() if s.xs):
+    names = sorted(n for n, s in _sites.items() if s.xs)
+    plans = {}
+    for name in names:
         s = _sites[name]
         _, _, m = s.pattern
         fixed = (s.perm, s.groups) if what == "router" and s.perm is not None else None  # fitted before
-        fit = fit_routes(torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router, fixed=fixed)
+        plans[name] = plan_routes(
+            torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router, fixed=fixed
+        )
+    # the sites' linear routers in one solve per group count (route_fit.fit_linear_routers)
+    lins: dict[str, torch.Tensor] = {}
+    for n_groups in sorted({_sites[n].n_groups for n in names}):
+        linear = [n for n in names if _sites[n].n_groups == n_groups and plans[n].features is not None]
+        fitted = fit_linear_routers([plans[n].features for n in linear], [plans[n].assign for n in linear], n_groups)
+        lins.update(zip(linear, fitted, strict=True))
+    done = {}
+    for name in names:
+        s = _sites[name]
+        _, _, m = s.pattern
+        fit = finish_routes(plans.pop(name), lins.pop(name, None))
         tensors = {"perm": fit.perm, "groups": fit.groups, "rep": fit.rep}
         if fit.lin is not None:
             tensors["lin"] = fit.lin
