@@ -329,7 +329,7 @@ def test_linear_routers_fitted_together_reach_each_ones_optimum():
         alone = fit_linear_router(x, labels, n_groups, decay, iters=300)
         assert objective(x, labels, lin) < objective(x, labels, alone) + 1e-5
         assert (route_linear(x, lin) == route_linear(x, alone)).float().mean() > 0.99
-    # the sum's minimum is no one problem's alone: a problem's labels changed moves its router only
+    # the fits stay separate: changing one problem's labels moves only its router
     changed = list(problems)
     changed[1] = (problems[1][0], (problems[1][1] + 1) % n_groups)
     again = fit_linear_routers([x for x, _ in changed], [y for _, y in changed], n_groups, decay)
@@ -469,6 +469,48 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
     with torch.no_grad():
         assert torch.equal(compiled(x), y)
     assert routes._sites["mlp"].router == router
+
+
+def test_a_refit_of_several_sites_fits_each_as_if_alone():
+    """routes.refit fits the sites' linear routers together (one solve per group count and feature shape):
+    each site gets its own sample's permutation, groups and representatives exactly, and a router that
+    routes its sample as fit_routes on that sample alone does, whatever sites it was solved with."""
+    sparse_compile.reset_units()
+    _, _, m, c, _ = PLANTED
+    sites = {
+        "a": (4, "weighted"),
+        "b": (4, "weighted"),
+        "c": (8, "weighted"),
+        "d": (4, "linear"),
+        "e": (4, "representatives"),
+    }
+    samples = {}
+    for seed, (name, (n_groups, router)) in enumerate(sites.items()):
+        x, act = _planted_kinds(seed, background=0.3)
+        site = routes.site(name, n_groups, (16, 4, m), c, router)
+        site.xs.append(x)
+        site.hs.append(act)
+        samples[name] = (x, act)
+    done = routes.refit()
+    assert set(done) == set(sites)
+    for name, (n_groups, router) in sites.items():
+        x, act = samples[name]
+        alone = fit_routes(x, act, n_groups, m, c, router=router)
+        site = routes._sites[name]
+        assert torch.equal(site.perm, alone.perm) and torch.equal(site.groups, alone.groups), name
+        assert torch.equal(site.rep, alone.rep), name
+        assert not site.xs and not site.hs
+        if alone.lin is None:
+            assert site.lin is None and site.fitted["routed"] == alone.routed_kept
+            continue
+        assert site.lin.shape == alone.lin.shape, name
+        mine = routes.route_of_rows(site, x, act)
+        alone_site = routes.RouteSite(
+            n_groups, (16, 4, m), c, perm=alone.perm, groups=alone.groups, rep=alone.rep, lin=alone.lin, router=router
+        )
+        assert (mine == routes.route_of_rows(alone_site, x, act)).float().mean() > 0.99, name
+        assert abs(site.fitted["routed"] - alone.routed_kept) < 0.01, name
+    sparse_compile.reset_units()
 
 
 @pytest.mark.parametrize("router", ["weighted", "linear"])
