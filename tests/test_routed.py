@@ -471,7 +471,7 @@ def test_state_survives_a_checkpoint_and_the_state_dict_stays_plain(router):
     assert routes._sites["mlp"].router == router
 
 
-def test_a_refit_of_several_sites_fits_each_as_if_alone():
+def test_a_refit_of_several_sites_fits_each_as_if_alone(monkeypatch):
     """routes.refit fits the sites' linear routers together (one solve per group count and feature shape):
     each site gets its own sample's permutation, groups and representatives exactly, and a router that
     routes its sample as fit_routes on that sample alone does, whatever sites it was solved with."""
@@ -491,8 +491,19 @@ def test_a_refit_of_several_sites_fits_each_as_if_alone():
         site.xs.append(x)
         site.hs.append(act)
         samples[name] = (x, act)
+    solves = []
+    real_step = torch.optim.LBFGS.step
+
+    def counted(self, closure):
+        solves.append(sum(p.numel() for g in self.param_groups for p in g["params"]))
+        return real_step(self, closure)
+
+    monkeypatch.setattr(torch.optim.LBFGS, "step", counted)
     done = routes.refit()
+    monkeypatch.undo()
     assert set(done) == set(sites)
+    # one solve per group count and feature shape: a and b together (2 x 4 x (64 + 1)), c (8 x 129), d (4 x 17)
+    assert sorted(solves) == sorted([2 * 4 * 65, 8 * 129, 4 * 17])
     for name, (n_groups, router) in sites.items():
         x, act = samples[name]
         alone = fit_routes(x, act, n_groups, m, c, router=router)
