@@ -35,10 +35,9 @@ from sparse_compile.kernels.routing import group_columns, route_linear, route_of
 LINEAR_DECAY = 1e-2  # the linear router's L2 penalty on its weights over standardized x (per weight)
 LINEAR_ITERS = 30  # its L-BFGS iterations, one site alone
 # Several sites' routers fitted in one L-BFGS (fit_linear_routers): the sum of their objectives, which are
-# independent, so its minimum is each one's; the shared line search needs more iterations to reach it (on
-# random problems of a 1.3B site's shape, 24 x [4096, 128], 8 groups: 30 fell short, 50 reached it). A cap:
-# L-BFGS stops sooner where its tolerances are met. On a CPU the joint solve is no faster than the per-site
-# ones (the same FLOPs and more iterations); what it saves is GPU launches and host synchronizations.
+# independent, so its minimum is each one's; the shared line search needs more iterations than one problem
+# alone to reach it. A cap: L-BFGS stops sooner where its tolerances are met. Its FLOPs are the per-site
+# solves' (more, with more iterations); what it saves is GPU launches and host synchronizations.
 JOINT_ITERS = 100
 
 

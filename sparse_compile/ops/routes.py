@@ -196,7 +196,7 @@ def refit(group: "torch.distributed.ProcessGroup | None" = None, what: str = "ro
         plans[name] = plan_routes(
             torch.cat(s.xs).float(), torch.cat(s.hs), s.n_groups, m, s.chunk, router=s.router, fixed=fixed
         )
-    # the sites' linear routers in one solve per group count (route_fit.fit_linear_routers)
+    # the sites' linear routers: one solve per group count and feature shape (route_fit.fit_linear_routers)
     lins: dict[str, torch.Tensor] = {}
     for n_groups in sorted({_sites[n].n_groups for n in names}):
         linear = [n for n in names if _sites[n].n_groups == n_groups and plans[n].features is not None]
