@@ -279,6 +279,20 @@ def test_linear_route_scores_bf16_rows_in_float32():
     assert (rounded.argmax(dim=1) != want).float().mean() > 0.2  # the test can tell
 
 
+def _standardized(x: torch.Tensor, lin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, b) in float64: a linear router lin [G, d + 1] over x back in the standardized coordinates
+    z = (x - mean) / std that fit_linear_router's objective is written in."""
+    mean, std = x.double().mean(0), x.double().std(0, unbiased=False).clamp_min(1e-6)
+    return lin[:, :-1].double() * std, lin[:, -1].double() + lin[:, :-1].double() @ mean
+
+
+def _router_objective(x: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, b: torch.Tensor, decay: float) -> float:
+    """fit_linear_router's objective written out: mean cross-entropy of softmax(z w^T + b) + decay |w|^2."""
+    mean, std = x.double().mean(0), x.double().std(0, unbiased=False).clamp_min(1e-6)
+    z = (x.double() - mean) / std
+    return float(torch.nn.functional.cross_entropy(z @ w.t() + b, labels) + decay * w.square().sum())
+
+
 def test_linear_router_fit_minimizes_its_objective_and_learns_a_readable_group():
     """The fit against the objective written out (mean cross-entropy + decay |W|^2 on standardized x):
     no small step lowers it, and it routes tokens whose group a direction of x reveals."""
@@ -289,18 +303,11 @@ def test_linear_router_fit_minimizes_its_objective_and_learns_a_readable_group()
     x[torch.arange(s), labels] += 8.0
     lin = fit_linear_router(x, labels, n_groups, decay=1e-3, iters=100)
     assert (route_linear(x, lin) == labels).float().mean() > 0.9
-    mean, std = x.double().mean(0), x.double().std(0, unbiased=False)
-    w = lin[:, :-1].double() * std  # back to standardized coordinates
-    b = lin[:, -1].double() + lin[:, :-1].double() @ mean
-
-    def objective(w, b):
-        z = (x.double() - mean) / std
-        return float(torch.nn.functional.cross_entropy(z @ w.t() + b, labels) + 1e-3 * w.square().sum())
-
-    best = objective(w, b)
+    w, b = _standardized(x, lin)
+    best = _router_objective(x, labels, w, b, 1e-3)
     for _ in range(10):
         dw, db = torch.randn(w.shape, generator=g).double(), torch.randn(b.shape, generator=g).double()
-        assert objective(w + 0.05 * dw, b + 0.05 * db) > best - 1e-6
+        assert _router_objective(x, labels, w + 0.05 * dw, b + 0.05 * db, 1e-3) > best - 1e-6
 
 
 def test_linear_routers_fitted_together_reach_each_ones_optimum():
@@ -317,11 +324,7 @@ def test_linear_routers_fitted_together_reach_each_ones_optimum():
         problems.append((x, labels))
 
     def objective(x, labels, lin):
-        mean, std = x.double().mean(0), x.double().std(0, unbiased=False).clamp_min(1e-6)
-        w = lin[:, :-1].double() * std
-        b = lin[:, -1].double() + lin[:, :-1].double() @ mean
-        z = (x.double() - mean) / std
-        return float(torch.nn.functional.cross_entropy(z @ w.t() + b, labels) + decay * w.square().sum())
+        return _router_objective(x, labels, *_standardized(x, lin), decay)
 
     together = fit_linear_routers([x for x, _ in problems], [y for _, y in problems], n_groups, decay)
     assert [t.shape for t in together] == [(n_groups, 13)] * 5
